@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Run the propagation service through spark-submit.
+#
+#   ./spark-submit.sh
+#       Local: sets up the project (idempotent), starts the embedded Kafka broker,
+#       runs on local[2] with conf/local.toml until Ctrl-C, then stops cleanly.
+#
+#   ./spark-submit.sh --master yarn --deploy-mode cluster --config conf/cluster.toml \
+#       [--conf spark.x=y ...] [--set section.key=value ...]
+#       Cluster: ships the library as a wheel (--py-files), the config with --files,
+#       and Delta + the Kafka connector by Maven coordinates (--packages).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+CONFIG=""
+SETS=()
+SUBMIT=()
+MASTER=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --config) CONFIG="$2"; shift 2 ;;
+    --set) SETS+=(--set "$2"); shift 2 ;;
+    --master) MASTER="$2"; SUBMIT+=("$1" "$2"); shift 2 ;;
+    *) SUBMIT+=("$1"); shift ;;
+  esac
+done
+
+bash scripts/setup.sh
+VENV="${LAKEPROP_VENV:-$ROOT/.venv}"
+export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
+
+PACKAGES="io.delta:delta-spark_4.0_2.13:4.3.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0"
+
+if [ -z "$MASTER" ] || [[ "$MASTER" == local* ]]; then
+  # Local: jars from .cache/jars (resolved by setup), no network needed.
+  CONFIG="${CONFIG:-conf/local.toml}"
+  [ -n "$MASTER" ] || SUBMIT+=(--master "local[2]")
+  JARS="$(ls "$ROOT"/.cache/jars/*.jar | paste -sd, -)"
+  SUBMIT+=(--jars "$JARS" --driver-memory 2g)
+  APP_ARGS=(--config "$CONFIG")
+else
+  [ -n "$CONFIG" ] || { echo "spark-submit.sh: --config is required with a cluster master" >&2; exit 1; }
+  rm -rf dist && "$VENV/bin/pip" wheel -q --no-deps -w dist .
+  WHEEL="$(ls dist/lakeprop-*.whl)"
+  SUBMIT+=(--packages "$PACKAGES" --py-files "$WHEEL" --files "$CONFIG")
+  APP_ARGS=(--config "$(basename "$CONFIG")")
+fi
+
+# spark-submit runs in its own session so that Ctrl-C reaches only this script,
+# which asks the Python driver to stop the query (SIGTERM) and waits for it.
+setsid "$VENV/bin/spark-submit" "${SUBMIT[@]}" jobs/propagate.py "${APP_ARGS[@]}" "${SETS[@]}" &
+SUBMIT_PID=$!
+stop() {
+  trap - INT TERM
+  echo "spark-submit.sh: stopping (waiting for the current micro-batch)" >&2
+  local drivers
+  drivers="$(pgrep -P "$SUBMIT_PID" -f propagate.py || true)"
+  if [ -n "$drivers" ]; then kill -TERM $drivers 2>/dev/null || true; else kill -TERM "$SUBMIT_PID" 2>/dev/null || true; fi
+  for _ in $(seq 1 120); do kill -0 "$SUBMIT_PID" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$SUBMIT_PID" 2>/dev/null || true
+}
+trap stop INT TERM
+set +e
+wait "$SUBMIT_PID"
+status=$?
+# wait returns early when a trapped signal arrives; wait again for the real exit.
+while kill -0 "$SUBMIT_PID" 2>/dev/null; do wait "$SUBMIT_PID"; status=$?; done
+exit "$status"

@@ -1,0 +1,1 @@
+"""lakeprop: change propagation for the lakehouse."""

@@ -1,0 +1,293 @@
+"""The job catalog: one Delta row per job, modelled on ``mo_iscp_log``.
+
+Columns follow the seed (account id, table identity, job name, job id, job spec,
+job state, watermark, job status, create and drop time) plus the Kafka
+coordinates of the last change log message applied to the row, which is what
+makes applying the log idempotent: a message at or below those coordinates has
+already been applied and is skipped.
+
+:func:`apply_commands` is the pure heart of it (no Spark): catalog rows and
+decoded commands in, the rows to upsert and a verdict per command out.
+:class:`JobCatalog` keeps the rows in memory and writes changes to Delta.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lakeprop import state
+from lakeprop.changelog import Command, LogRecord, Operation
+from lakeprop.errors import LakepropError
+from lakeprop.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
+from lakeprop.spec import JobKey, JobSpec, merge_spec
+
+
+class JobState(str, Enum):
+    """Seed job states. A new job starts ``completed`` so the runner begins iterating."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ERROR = "error"
+    CANCELED = "canceled"
+
+
+EMPTY_STATUS = json.dumps(
+    {
+        "from_version": None,
+        "to_version": None,
+        "start_at": None,
+        "end_at": None,
+        "error_code": 0,
+        "error_msg": "",
+        "consumers": [],
+    },
+    sort_keys=True,
+    separators=(",", ":"),
+)
+
+CATALOG_SCHEMA = StructType(
+    [
+        StructField("account_id", LongType(), False),
+        StructField("database", StringType(), False),
+        StructField("table", StringType(), False),
+        StructField("job_name", StringType(), False),
+        StructField("job_id", LongType(), False),
+        StructField("table_id", StringType(), False),
+        StructField("job_spec", StringType(), False),
+        StructField("job_state", StringType(), False),
+        StructField("watermark", LongType(), True),
+        StructField("watermark_ts", TimestampType(), True),
+        StructField("job_status", StringType(), False),
+        StructField("create_at", TimestampType(), False),
+        StructField("drop_at", TimestampType(), True),
+        StructField("owner", StringType(), True),
+        StructField("log_partition", IntegerType(), False),
+        StructField("log_offset", LongType(), False),
+    ]
+)
+CATALOG_KEYS = ("account_id", "database", "table", "job_name", "job_id")
+
+RowId = tuple[JobKey, int]
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    """One job as stored in the catalog (field order = CATALOG_SCHEMA)."""
+
+    account_id: int
+    database: str
+    table: str
+    job_name: str
+    job_id: int
+    table_id: str
+    job_spec: str
+    job_state: str
+    watermark: int | None
+    """Delta version of the source up to which the job has consumed changes."""
+    watermark_ts: datetime | None
+    job_status: str
+    create_at: datetime
+    drop_at: datetime | None
+    owner: str | None
+    log_partition: int
+    log_offset: int
+
+    @property
+    def key(self) -> JobKey:
+        return JobKey(self.account_id, self.database, self.table, self.job_name)
+
+    @property
+    def row_id(self) -> RowId:
+        return (self.key, self.job_id)
+
+    @property
+    def is_live(self) -> bool:
+        return self.drop_at is None
+
+    def spec(self) -> JobSpec:
+        return JobSpec.from_json(json.loads(self.job_spec))
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in CATALOG_SCHEMA.fields)
+
+    @classmethod
+    def from_spark(cls, row: Any) -> CatalogRow:
+        return cls(*(row[f.name] for f in CATALOG_SCHEMA.fields))
+
+    def touched_by(self, record: LogRecord) -> CatalogRow:
+        return replace(self, log_partition=record.partition, log_offset=record.offset)
+
+
+def job_id_for(record: LogRecord) -> int:
+    """Deterministic, unique job id from the register message's coordinates.
+
+    A replay of the register produces the same id; a re-register after an
+    unregister is a later message and so gets a new id, as the seed requires.
+    """
+    return (record.partition << 40) | record.offset
+
+
+SourceCheck = Callable[[JobKey, JobSpec], str]
+"""Checks a spec against its source table; returns the table's identity or raises."""
+
+
+@dataclass
+class ApplyResult:
+    upserts: dict[RowId, CatalogRow] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+
+def _already_applied(rows: Sequence[CatalogRow], record: LogRecord) -> bool:
+    return any(r.log_partition == record.partition and r.log_offset >= record.offset for r in rows)
+
+
+def _verdict(cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> Verdict:
+    return Verdict(
+        record=cmd.record,
+        outcome=outcome,
+        request_id=cmd.request_id,
+        op=cmd.op.value,
+        key=cmd.key,
+        detail=detail,
+        **kw,
+    )
+
+
+def apply_commands(
+    rows: Iterable[CatalogRow],
+    commands: Sequence[Command],
+    check: SourceCheck,
+    recorded: Mapping[Coordinates, RecordedVerdict] | None = None,
+) -> ApplyResult:
+    """Apply decoded change log commands to catalog rows, in log order.
+
+    * register creates a job (state ``completed``, no watermark); a second
+      register of a live job is ``already_exists``;
+    * unregister sets ``drop_at`` (the row is garbage-collected later);
+    * update_spec fills the empty fields of the new spec from the current one.
+
+    Commands already reflected in the rows are skipped. A command with a
+    ``recorded`` verdict (a replay) gets that verdict again instead of being
+    re-checked against the source table, whose state may have moved on.
+    """
+    recorded = recorded or {}
+    by_key: dict[JobKey, list[CatalogRow]] = {}
+    for row in rows:
+        by_key.setdefault(row.key, []).append(row)
+    result = ApplyResult()
+
+    def put(row: CatalogRow) -> None:
+        existing = [r for r in by_key.get(row.key, []) if r.job_id != row.job_id]
+        by_key[row.key] = [*existing, row]
+        result.upserts[row.row_id] = row
+
+    ordered = sorted(commands, key=lambda c: (c.record.topic, c.record.partition, c.record.offset))
+    for cmd in ordered:
+        current = by_key.get(cmd.key, [])
+        if _already_applied(current, cmd.record):
+            continue
+        prior = recorded.get((cmd.record.topic, cmd.record.partition, cmd.record.offset))
+        live = next((r for r in current if r.is_live), None)
+
+        def verdict(outcome: Outcome, detail: str, **kw: Any) -> None:
+            result.verdicts.append(_verdict(cmd, outcome, detail, **kw))  # noqa: B023
+
+        if prior is not None and prior.outcome is not Outcome.APPLIED:
+            continue  # its verdict is recorded and it changed nothing
+        try:
+            if cmd.op is Operation.REGISTER:
+                assert cmd.spec is not None
+                if live is not None:
+                    verdict(
+                        Outcome.ALREADY_EXISTS,
+                        f"job {cmd.key} already exists (job id {live.job_id})",
+                        job_id=live.job_id,
+                    )
+                    continue
+                table_id = prior.table_id if prior and prior.table_id else check(cmd.key, cmd.spec)
+                new = CatalogRow(
+                    account_id=cmd.key.account_id,
+                    database=cmd.key.database,
+                    table=cmd.key.table,
+                    job_name=cmd.key.job_name,
+                    job_id=job_id_for(cmd.record),
+                    table_id=table_id,
+                    job_spec=cmd.spec.canonical(),
+                    job_state=JobState.COMPLETED.value,
+                    watermark=None,
+                    watermark_ts=None,
+                    job_status=EMPTY_STATUS,
+                    create_at=cmd.record.timestamp,
+                    drop_at=None,
+                    owner=None,
+                    log_partition=cmd.record.partition,
+                    log_offset=cmd.record.offset,
+                )
+                put(new)
+                verdict(Outcome.APPLIED, "registered", job_id=new.job_id, table_id=table_id)
+            elif live is None:
+                verdict(Outcome.NOT_FOUND, f"no live job {cmd.key}")
+            elif cmd.op is Operation.UNREGISTER:
+                put(replace(live, drop_at=cmd.record.timestamp).touched_by(cmd.record))
+                verdict(Outcome.APPLIED, "unregistered", job_id=live.job_id)
+            else:
+                assert cmd.spec_update is not None
+                merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
+                if prior is None:
+                    check(cmd.key, merged)
+                put(replace(live, job_spec=merged.canonical()).touched_by(cmd.record))
+                verdict(Outcome.APPLIED, "spec updated", job_id=live.job_id)
+        except LakepropError as exc:
+            if exc.is_temporary:
+                raise
+            verdict(Outcome.REJECTED, str(exc), error_code=exc.code)
+    return result
+
+
+class JobCatalog:
+    """The catalog rows in memory, backed by a Delta table (the durable truth)."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        self._rows: dict[RowId, CatalogRow] = {}
+
+    def ensure(self) -> None:
+        state.ensure_table(self.spark, self.path, CATALOG_SCHEMA)
+
+    def load(self) -> None:
+        """Read every row from Delta (at start-up; afterwards memory is kept in step)."""
+        rows = state.read_table(self.spark, self.path).collect()
+        self._rows = {r.row_id: r for r in map(CatalogRow.from_spark, rows)}
+
+    def rows(self) -> list[CatalogRow]:
+        return list(self._rows.values())
+
+    def commit(self, upserts: Mapping[RowId, CatalogRow]) -> None:
+        """Write changed rows to Delta, then to memory (so a failed write changes neither)."""
+        if not upserts:
+            return
+        state.upsert(
+            self.spark,
+            self.path,
+            CATALOG_SCHEMA,
+            [r.as_tuple() for r in upserts.values()],
+            CATALOG_KEYS,
+        )
+        self._rows.update(upserts)

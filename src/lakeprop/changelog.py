@@ -1,0 +1,191 @@
+"""The change log: the versioned JSON envelope of job registrations on Kafka.
+
+Modelled on ``mo_iscp_log``: every register, unregister and spec update is a
+message on one topic, keyed by the job key so that one job's messages stay in
+order on one partition. Version 1 of the envelope::
+
+    {"version": 1,
+     "op": "register" | "unregister" | "update_spec",
+     "request_id": "c0ffee-...",
+     "job": {"account_id": 0, "database": "sales", "table": "orders", "name": "copy"},
+     "spec": {"trigger": {"kind": "periodic", "interval": "30s", "share": true},
+              "iteration": {"priority": 5,
+                            "consumer": {"type": "replica",
+                                         "options": {"primary_key": ["id"]}}}},
+     "interrupt": false}
+
+``spec`` is required for ``register`` and is a partial spec for ``update_spec``
+(empty fields are filled from the current spec); ``interrupt`` (update_spec
+only) cancels the job's queued or running iteration so the new spec applies at
+once. Decoding is pure: a :class:`LogRecord` in, a :class:`Command` out, or an
+:class:`~lakeprop.errors.InvalidMessageError` whose message says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from lakeprop.errors import ErrorCode, InvalidMessageError, InvalidSpecError
+from lakeprop.spec import JobKey, JobSpec
+
+ENVELOPE_VERSION = 1
+MAX_REQUEST_ID_LENGTH = 128
+
+
+class Operation(str, Enum):
+    REGISTER = "register"
+    UNREGISTER = "unregister"
+    UPDATE_SPEC = "update_spec"
+
+
+_FIELDS = {
+    Operation.REGISTER: {"version", "op", "request_id", "job", "spec"},
+    Operation.UNREGISTER: {"version", "op", "request_id", "job"},
+    Operation.UPDATE_SPEC: {"version", "op", "request_id", "job", "spec", "interrupt"},
+}
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One Kafka message of the change log, with its coordinates."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: datetime
+    key: bytes | None
+    value: bytes | None
+
+    @property
+    def coordinates(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(frozen=True)
+class Command:
+    """A decoded, validated change log message."""
+
+    op: Operation
+    request_id: str
+    key: JobKey
+    record: LogRecord
+    spec: JobSpec | None = None
+    """The full spec of a register."""
+    spec_update: Mapping[str, Any] | None = None
+    """The partial spec of an update_spec; merged with the current spec and validated
+    when applied, since the current spec is only known then."""
+    interrupt: bool = False
+
+
+def decode(record: LogRecord, max_bytes: int) -> Command:
+    """Decode and validate one change log message, or raise InvalidMessageError."""
+    if record.value is None:
+        raise InvalidMessageError("message has no value (a tombstone is not a change log entry)")
+    if len(record.value) > max_bytes:
+        raise InvalidMessageError(
+            f"message is {len(record.value)} bytes, more than the limit of {max_bytes}",
+            ErrorCode.MESSAGE_TOO_LARGE,
+        )
+    try:
+        text = record.value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessageError(f"message is not UTF-8 text: {exc.reason} at byte {exc.start}")
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(
+            exc, json.JSONDecodeError
+        ) else "nested too deeply"
+        raise InvalidMessageError(f"message is not valid JSON: {detail}") from None
+    if not isinstance(obj, dict):
+        raise InvalidMessageError(f"message must be a JSON object, got {type(obj).__name__}")
+
+    version = obj.get("version")
+    if version != ENVELOPE_VERSION or isinstance(version, bool):
+        raise InvalidMessageError(
+            f"unsupported envelope version {version!r}; this service reads version "
+            f"{ENVELOPE_VERSION}",
+            ErrorCode.UNSUPPORTED_VERSION,
+        )
+    raw_op = obj.get("op")
+    try:
+        op = Operation(raw_op)
+    except ValueError:
+        raise InvalidMessageError(
+            f"unknown operation {raw_op!r}; expected one of {[o.value for o in Operation]}",
+            ErrorCode.UNKNOWN_OPERATION,
+        ) from None
+    unknown = sorted(set(obj) - _FIELDS[op])
+    if unknown:
+        raise InvalidMessageError(f"{op.value} message has unknown field(s) {unknown}")
+
+    request_id = obj.get("request_id")
+    if not isinstance(request_id, str) or not request_id.strip():
+        raise InvalidMessageError("request_id must be a non-empty string")
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidMessageError(f"request_id is longer than {MAX_REQUEST_ID_LENGTH} characters")
+
+    if "job" not in obj:
+        raise InvalidMessageError("message is missing field 'job'")
+    key = JobKey.from_json(obj["job"])
+    if record.key != key.message_key:
+        shown = None if record.key is None else record.key.decode("utf-8", "replace")[:200]
+        raise InvalidMessageError(
+            f"message key {shown!r} does not match the job key "
+            f"{key.message_key.decode()!r}; one job's messages must share its key to stay ordered"
+        )
+
+    if op is Operation.REGISTER:
+        if "spec" not in obj:
+            raise InvalidSpecError("register message is missing field 'spec'")
+        return Command(op, request_id, key, record, spec=JobSpec.from_json(obj["spec"]))
+    if op is Operation.UPDATE_SPEC:
+        spec_update = obj.get("spec")
+        if not isinstance(spec_update, dict):
+            raise InvalidSpecError("update_spec message needs a 'spec' object (a partial spec)")
+        interrupt = obj.get("interrupt", False)
+        if not isinstance(interrupt, bool):
+            raise InvalidMessageError(f"interrupt must be true or false, got {interrupt!r}")
+        return Command(op, request_id, key, record, spec_update=spec_update, interrupt=interrupt)
+    return Command(op, request_id, key, record)
+
+
+def best_effort_request_id(value: bytes | None) -> str | None:
+    """The request id of a message that failed to decode, if one can be read at all."""
+    if value is None:
+        return None
+    try:
+        obj = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    rid = obj.get("request_id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) and 0 < len(rid) <= MAX_REQUEST_ID_LENGTH else None
+
+
+def encode(
+    op: Operation,
+    key: JobKey,
+    *,
+    spec: Mapping[str, Any] | None = None,
+    interrupt: bool | None = None,
+    request_id: str | None = None,
+) -> tuple[str, bytes, bytes]:
+    """Build a message: (request id, Kafka key, JSON value)."""
+    rid = request_id or uuid.uuid4().hex
+    body: dict[str, Any] = {
+        "version": ENVELOPE_VERSION,
+        "op": op.value,
+        "request_id": rid,
+        "job": key.to_json(),
+    }
+    if spec is not None:
+        body["spec"] = spec
+    if interrupt is not None:
+        body["interrupt"] = interrupt
+    return rid, key.message_key, json.dumps(body, sort_keys=True).encode()

@@ -1,0 +1,258 @@
+"""Command line: run the service, manage jobs, inspect state, run the local broker.
+
+    lakeprop run --config conf/local.toml
+    lakeprop register --database sales --table orders --name copy \\
+        --consumer replica --options '{"primary_key": ["id"]}' --trigger greedy
+    lakeprop update-spec --database sales --table orders --name copy --priority 5
+    lakeprop status --database sales --table orders --name copy
+    lakeprop list --state error
+    lakeprop unregister --database sales --table orders --name copy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from lakeprop.config import LOCAL_BOOTSTRAP, AppConfig, load_config
+from lakeprop.errors import LakepropError
+from lakeprop.spec import JobKey
+
+log = logging.getLogger("lakeprop")
+
+
+def _config(args: argparse.Namespace) -> AppConfig:
+    overrides = dict(item.split("=", 1) for item in args.set)
+    return load_config(args.config or os.environ.get("LAKEPROP_CONFIG"), overrides)
+
+
+def _key(args: argparse.Namespace) -> JobKey:
+    return JobKey(args.account, args.database, args.table, args.name)
+
+
+def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, Any]:
+    if args.spec:
+        text = open(args.spec[1:]).read() if args.spec.startswith("@") else args.spec
+        spec: dict[str, Any] = json.loads(text)
+        return spec
+    trigger: dict[str, Any] = {}
+    if args.trigger:
+        trigger["kind"] = args.trigger
+    if args.interval:
+        trigger["interval"] = args.interval
+    if args.share:
+        trigger["share"] = True
+    consumer: dict[str, Any] = {}
+    if args.consumer:
+        consumer["type"] = args.consumer
+    if args.options:
+        consumer["options"] = json.loads(args.options)
+    iteration: dict[str, Any] = {}
+    if args.priority is not None:
+        iteration["priority"] = args.priority
+    if consumer:
+        iteration["consumer"] = consumer
+    spec = {}
+    if trigger or not partial:
+        spec["trigger"] = trigger
+    if iteration or not partial:
+        spec["iteration"] = iteration
+    return spec
+
+
+def _print(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lakeprop.app import PropagationApp
+    from lakeprop.session import build_session
+
+    config = _config(args)
+    broker = _maybe_start_broker(config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, stopping after the current micro-batch", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        spark = build_session(config.spark)
+        PropagationApp(spark, config).run_until(stop)
+        log.info("stopped cleanly")
+    finally:
+        if broker is not None:
+            log.info("stopping the local Kafka broker")
+            broker.stop()
+    return 0
+
+
+def _maybe_start_broker(config: AppConfig) -> Any:
+    """Start the embedded broker for local runs; None if not ours to start."""
+    if not config.local_broker.enabled or config.kafka.bootstrap_servers != LOCAL_BOOTSTRAP:
+        return None
+    from lakeprop.localkafka import LocalKafka
+
+    port = int(LOCAL_BOOTSTRAP.rsplit(":", 1)[1])
+    broker = LocalKafka(config.local_broker.data_dir, port=port)
+    if broker.running_pid() is not None:
+        log.info("reusing the local Kafka broker already running on %s", LOCAL_BOOTSTRAP)
+        return None
+    log.info("starting the local Kafka broker on %s", LOCAL_BOOTSTRAP)
+    return broker.start()
+
+
+def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
+    from lakeprop.client import LakepropClient
+
+    config = _config(args)
+    spark = None
+    if with_spark:
+        from lakeprop.session import build_session
+
+        spark = build_session(config.spark)
+        spark.sparkContext.setLogLevel("ERROR")
+    return LakepropClient(config.kafka, config.state, spark)
+
+
+def _send(args: argparse.Namespace, action: str) -> int:
+    client = _client(args, with_spark=args.wait)
+    key = _key(args)
+    if action == "register":
+        receipt = client.register_job(key, _spec_from_flags(args, partial=False))
+    elif action == "unregister":
+        receipt = client.unregister_job(key)
+    else:
+        receipt = client.update_job_spec(
+            key, _spec_from_flags(args, partial=True), interrupt=args.interrupt
+        )
+    client.close()
+    _print(asdict(receipt))
+    if args.wait:
+        outcome = client.wait_for_outcome(receipt, timeout=args.wait_timeout)
+        _print(outcome)
+        return 0 if outcome["outcome"] in ("applied",) else 1
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    info = _client(args, with_spark=True).get_job_status(_key(args))
+    if info is None:
+        print(f"no job {_key(args)}", file=sys.stderr)
+        return 1
+    _print(asdict(info))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    jobs = _client(args, with_spark=True).list_jobs(
+        state=args.state, account_id=args.account, include_dropped=args.all
+    )
+    for job in jobs:
+        print(json.dumps(asdict(job), sort_keys=True, default=str))
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from lakeprop.localkafka import LocalKafka
+
+    config = _config(args)
+    port = int(LOCAL_BOOTSTRAP.rsplit(":", 1)[1])
+    broker = LocalKafka(args.data_dir or config.local_broker.data_dir, port=args.port or port)
+    if args.action == "start":
+        if broker.running_pid() is None:
+            broker.start()
+        print(broker.bootstrap_servers)
+    elif args.action == "stop":
+        broker.stop()
+    else:
+        pid = broker.running_pid()
+        print(f"running (pid {pid}) on {broker.bootstrap_servers}" if pid else "not running")
+        return 0 if pid else 1
+    return 0
+
+
+def _add_key(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--account", type=int, default=0, help="tenant account id (default 0)")
+    p.add_argument("--database", required=True)
+    p.add_argument("--table", required=True)
+    p.add_argument("--name", required=True, help="job name")
+
+
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", help="whole spec as JSON, or @file.json")
+    p.add_argument("--trigger", choices=["default", "greedy", "periodic"])
+    p.add_argument("--interval", help="periodic interval, e.g. 30s, 5m")
+    p.add_argument("--share", action="store_true", help="periodic jobs share iterations")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--consumer", help="consumer type, e.g. replica")
+    p.add_argument("--options", help="consumer options as JSON")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="lakeprop", description=__doc__.split("\n")[0])
+    root.add_argument("--config", help="TOML config (default: $LAKEPROP_CONFIG or built-ins)")
+    root.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"
+    )
+    root.add_argument("-v", "--verbose", action="store_true")
+    sub = root.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("run", help="run the streaming service until SIGINT/SIGTERM")
+    for action in ("register", "unregister", "update-spec"):
+        p = sub.add_parser(action, help=f"{action} a job through the change log")
+        _add_key(p)
+        if action != "unregister":
+            _add_spec(p)
+        if action == "update-spec":
+            p.add_argument("--interrupt", action="store_true", help="interrupt a running iteration")
+        p.add_argument("--wait", action="store_true", help="wait for the service's verdict")
+        p.add_argument("--wait-timeout", type=float, default=120.0)
+    p = sub.add_parser("status", help="show one job")
+    _add_key(p)
+    p = sub.add_parser("list", help="list jobs")
+    p.add_argument("--state", choices=["pending", "running", "completed", "error", "canceled"])
+    p.add_argument("--account", type=int)
+    p.add_argument("--all", action="store_true", help="include dropped jobs")
+    p = sub.add_parser("broker", help="the local development Kafka broker")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--data-dir")
+    p.add_argument("--port", type=int)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    handlers = {
+        "run": cmd_run,
+        "register": lambda a: _send(a, "register"),
+        "unregister": lambda a: _send(a, "unregister"),
+        "update-spec": lambda a: _send(a, "update-spec"),
+        "status": cmd_status,
+        "list": cmd_list,
+        "broker": cmd_broker,
+    }
+    try:
+        return int(handlers[args.command](args))
+    except LakepropError as exc:
+        print(f"error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2 if exc.is_temporary else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""The Python client: register, unregister and re-spec jobs; read their status.
+
+Writes go to the change log topic through a confluent-kafka producer with
+idempotence and ``acks=all``; each call returns only once the broker has
+confirmed the message, and raises :class:`~lakeprop.errors.DeliveryError`
+otherwise. The service applies the message in its next micro-batch; reads
+(``get_job_status``, ``list_jobs``, ``wait_for_outcome``) look at the catalog
+and requests Delta tables, so they need a SparkSession.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop import state
+from lakeprop.catalog import CatalogRow, JobState
+from lakeprop.changelog import Operation, encode
+from lakeprop.config import KafkaConfig, StateConfig
+from lakeprop.errors import BrokerError, DeliveryError, InvalidSpecError, TemporaryError
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state import CATALOG_TABLE, REQUESTS_TABLE
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Proof that the broker stored a change log message."""
+
+    request_id: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp: datetime
+    """The message's Kafka timestamp: the job's create_at / drop_at once applied."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as the catalog holds it, with spec and status decoded."""
+
+    key: JobKey
+    job_id: int
+    table_id: str
+    state: str
+    watermark: int | None
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    create_at: datetime
+    drop_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: CatalogRow) -> JobInfo:
+        return cls(
+            key=row.key,
+            job_id=row.job_id,
+            table_id=row.table_id,
+            state=row.job_state,
+            watermark=row.watermark,
+            spec=json.loads(row.job_spec),
+            status=json.loads(row.job_status),
+            create_at=row.create_at,
+            drop_at=row.drop_at,
+        )
+
+
+def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "delivery.timeout.ms": int(kafka.delivery_timeout * 1000),
+        **kafka.options,
+    }
+
+
+def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
+    """Create the change log topic (infinite retention) if it does not exist."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
+    topic = NewTopic(
+        kafka.topic,
+        num_partitions=kafka.topic_partitions,
+        replication_factor=-1,
+        config={"retention.ms": "-1"},
+    )
+    try:
+        admin.create_topics([topic], request_timeout=timeout)[kafka.topic].result(timeout)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise BrokerError(f"could not create topic {kafka.topic}: {error.str()}") from None
+
+
+class LakepropClient:
+    """Client of the change log (writes) and of the state tables (reads)."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        state_config: StateConfig | None = None,
+        spark: SparkSession | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.state = state_config or StateConfig()
+        self._spark = spark
+        self._producer: Any = None
+
+    # -- writes -------------------------------------------------------------------------
+
+    def register_job(self, key: JobKey, spec: JobSpec | Mapping[str, Any]) -> Receipt:
+        """Ask the service to create a job; fails fast on a spec that cannot validate."""
+        body = spec.to_json() if isinstance(spec, JobSpec) else dict(spec)
+        JobSpec.from_json(body)
+        return self._send(Operation.REGISTER, key, spec=body)
+
+    def unregister_job(self, key: JobKey) -> Receipt:
+        return self._send(Operation.UNREGISTER, key)
+
+    def update_job_spec(
+        self, key: JobKey, spec: Mapping[str, Any], *, interrupt: bool = False
+    ) -> Receipt:
+        """Send a partial spec; empty fields keep their current values."""
+        if not isinstance(spec, Mapping):
+            raise InvalidSpecError("update_job_spec needs a (partial) spec object")
+        return self._send(Operation.UPDATE_SPEC, key, spec=dict(spec), interrupt=interrupt)
+
+    def _send(self, op: Operation, key: JobKey, **fields: Any) -> Receipt:
+        from confluent_kafka import Producer
+
+        if self._producer is None:
+            self._producer = Producer(producer_config(self.kafka))
+        request_id, message_key, value = encode(op, key, **fields)
+        delivered: list[Any] = []
+        self._producer.produce(
+            self.kafka.topic,
+            key=message_key,
+            value=value,
+            on_delivery=lambda err, msg: delivered.append((err, msg)),
+        )
+        self._producer.flush(self.kafka.delivery_timeout + 5)
+        if not delivered:
+            raise DeliveryError(
+                f"{op.value} of {key} was not confirmed by {self.kafka.bootstrap_servers} "
+                f"within {self.kafka.delivery_timeout:.0f}s"
+            )
+        err, msg = delivered[0]
+        if err is not None:
+            raise DeliveryError(
+                f"{op.value} of {key} was not delivered to {self.kafka.topic} on "
+                f"{self.kafka.bootstrap_servers}: {err.str()}"
+            )
+        _, millis = msg.timestamp()
+        return Receipt(
+            request_id,
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            # exact to the millisecond, as Spark reads the same Kafka timestamp
+            datetime.fromtimestamp(millis // 1000).replace(microsecond=millis % 1000 * 1000),
+        )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.kafka.delivery_timeout)
+            self._producer = None
+
+    # -- reads --------------------------------------------------------------------------
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = SparkSession.builder.getOrCreate()
+        return self._spark
+
+    def _catalog_rows(self, condition: Any = None) -> list[CatalogRow]:
+        df = state.read_table(self.spark, self.state.table_path(CATALOG_TABLE))
+        if condition is not None:
+            df = df.where(condition)
+        return [CatalogRow.from_spark(r) for r in df.collect()]
+
+    def get_job_status(self, key: JobKey) -> JobInfo | None:
+        """The live job with this key, or else its most recently dropped one."""
+        rows = self._catalog_rows(
+            (F.col("account_id") == key.account_id)
+            & (F.col("database") == key.database)
+            & (F.col("table") == key.table)
+            & (F.col("job_name") == key.job_name)
+        )
+        if not rows:
+            return None
+        best = max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id))
+        return JobInfo.from_row(best)
+
+    def list_jobs(
+        self,
+        state: JobState | str | None = None,
+        account_id: int | None = None,
+        include_dropped: bool = False,
+    ) -> list[JobInfo]:
+        """Jobs, optionally of one state or one account, ordered by key."""
+        condition = F.lit(True)
+        if state is not None:
+            condition &= F.col("job_state") == JobState(state).value
+        if account_id is not None:
+            condition &= F.col("account_id") == account_id
+        if not include_dropped:
+            condition &= F.col("drop_at").isNull()
+        rows = self._catalog_rows(condition)
+        return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
+
+    def request_outcome(self, request_id: str) -> dict[str, Any] | None:
+        """What the service made of a request, once it has processed it."""
+        rows = (
+            state.read_table(self.spark, self.state.table_path(REQUESTS_TABLE))
+            .where(F.col("request_id") == request_id)
+            .collect()
+        )
+        return rows[0].asDict() if rows else None
+
+    def wait_for_outcome(
+        self, receipt: Receipt, timeout: float = 60.0, poll: float = 1.0
+    ) -> dict[str, Any]:
+        """Block until the service has applied (or rejected) the request."""
+        deadline = time.monotonic() + timeout
+        while True:
+            outcome = self.request_outcome(receipt.request_id)
+            if outcome is not None:
+                return outcome
+            if time.monotonic() >= deadline:
+                raise TemporaryError(
+                    f"request {receipt.request_id} not processed within {timeout:.0f}s; "
+                    "is the service running?"
+                )
+            time.sleep(poll)

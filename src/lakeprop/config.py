@@ -1,0 +1,245 @@
+"""Typed, validated configuration.
+
+Settings come from a TOML file per environment (``conf/local.toml``,
+``conf/cluster.toml``, ``conf/databricks.toml``), then from environment
+variables ``LAKEPROP__<SECTION>__<KEY>`` and ``--set section.key=value``
+overrides. Values of the form ``${NAME}`` are read from the environment, which
+is how secrets (Kafka SASL passwords and the like) reach the service: never
+from a file in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from lakeprop.errors import InvalidConfigError
+from lakeprop.spec import parse_duration
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_PREFIX = "LAKEPROP__"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+LOCAL_BOOTSTRAP = "127.0.0.1:19092"
+"""Where the embedded development broker listens when the local config is used."""
+
+
+def _absolute(path: str) -> str:
+    """Make a local relative path absolute; leave URIs (s3://, dbfs:/, file:/) alone."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path) or os.path.isabs(path):
+        return path
+    return os.path.abspath(path)
+
+
+def _positive(value: float, what: str) -> None:
+    if value <= 0:
+        raise InvalidConfigError(f"{what} must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """The change log topic and how to reach it."""
+
+    bootstrap_servers: str = LOCAL_BOOTSTRAP
+    topic: str = "lakeprop.changelog"
+    topic_partitions: int = 3
+    create_topic: bool = True
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int = 10_000
+    max_message_bytes: int = 1_048_576
+    delivery_timeout: float = 30.0
+    options: Mapping[str, str] = field(default_factory=dict)
+    """Extra Kafka client properties (security.protocol, sasl.*): used by both the
+    Spark source (prefixed ``kafka.``) and the producer of the client."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise InvalidConfigError("kafka.bootstrap_servers must not be empty")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", self.topic):
+            raise InvalidConfigError(f"kafka.topic {self.topic!r} is not a valid topic name")
+        _positive(self.topic_partitions, "kafka.topic_partitions")
+        _positive(self.max_offsets_per_trigger, "kafka.max_offsets_per_trigger")
+        _positive(self.max_message_bytes, "kafka.max_message_bytes")
+        _positive(self.delivery_timeout, "kafka.delivery_timeout")
+        if self.starting_offsets not in ("earliest", "latest"):
+            raise InvalidConfigError("kafka.starting_offsets must be 'earliest' or 'latest'")
+
+
+@dataclass(frozen=True)
+class LocalBrokerConfig:
+    """The embedded development broker (local runs only)."""
+
+    enabled: bool = False
+    data_dir: str = ".lakeprop/kafka"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", _absolute(self.data_dir))
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Where the service keeps its own Delta tables and the stream checkpoint."""
+
+    location: str = ".lakeprop/state"
+    checkpoint_location: str = ".lakeprop/checkpoint"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "location", _absolute(self.location))
+        object.__setattr__(self, "checkpoint_location", _absolute(self.checkpoint_location))
+
+    def table_path(self, name: str) -> str:
+        return f"{self.location.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    """How a job's (database, table) names a source Delta table.
+
+    ``path``: ``<warehouse>/<database>/<table>`` (local runs, plain object stores).
+    ``metastore``: the session catalog's ``database.table`` (Hive metastore, Unity
+    Catalog; ``catalog`` optionally names the Unity Catalog).
+    """
+
+    resolution: str = "path"
+    warehouse: str = ".lakeprop/warehouse"
+    catalog: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.resolution not in ("path", "metastore"):
+            raise InvalidConfigError("tables.resolution must be 'path' or 'metastore'")
+        object.__setattr__(self, "warehouse", _absolute(self.warehouse))
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """How entry points build the SparkSession (ignored where one already exists)."""
+
+    app_name: str = "lakeprop"
+    master: str | None = None
+    jars_dir: str | None = None
+    """A directory of jars to put on the classpath (local runs: .cache/jars)."""
+    packages: tuple[str, ...] = ()
+    """Maven coordinates for spark.jars.packages (clusters without the jars)."""
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """Everything the streaming app needs."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    local_broker: LocalBrokerConfig = field(default_factory=LocalBrokerConfig)
+    tick_interval: float = 10.0
+    """Seconds between micro-batches: the runner's scan interval (seed: 10 s)."""
+    query_name: str = "lakeprop-changelog"
+
+    def __post_init__(self) -> None:
+        _positive(self.tick_interval, "tick_interval")
+
+
+def _expand_env(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+
+        def lookup(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise InvalidConfigError(f"{where} refers to ${{{name}}}, which is not set")
+            return os.environ[name]
+
+        return _ENV_REF.sub(lookup, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, where) for v in value]
+    return value
+
+
+def _set_path(tree: dict[str, Any], dotted: str, raw: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise InvalidConfigError(f"cannot set {dotted}: {part} is not a section")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    node[parts[-1]] = value
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise InvalidConfigError(f"unknown setting(s) {unknown} in {where or 'top level'}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        f = known[name]
+        path = f"{where}.{name}" if where else name
+        default = (
+            f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        )
+        if is_dataclass(default):
+            if not isinstance(value, dict):
+                raise InvalidConfigError(f"{path} must be a section")
+            kwargs[name] = _build(type(default), value, path)
+        elif name in ("tick_interval", "delivery_timeout"):
+            kwargs[name] = parse_duration(value, path) if not isinstance(value, bool) else value
+        elif name == "packages":
+            kwargs[name] = tuple(value)
+        elif name in ("conf", "options"):
+            if not isinstance(value, dict):
+                raise InvalidConfigError(f"{path} must be a table of strings")
+            kwargs[name] = {str(k): str(v) for k, v in value.items()}
+        else:
+            kwargs[name] = value
+        expected = type(default) if default is not None and not is_dataclass(default) else None
+        if expected in (int, float, bool, str) and not isinstance(kwargs[name], expected):
+            if not (expected is float and isinstance(kwargs[name], int)):
+                raise InvalidConfigError(
+                    f"{path} must be of type {expected.__name__}, got {kwargs[name]!r}"
+                )
+    try:
+        return cls(**kwargs)
+    except InvalidConfigError:
+        raise
+    except Exception as exc:  # a spec helper raised its own error type
+        raise InvalidConfigError(f"{where}: {exc}") from exc
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> AppConfig:
+    """Read a TOML file (optional), then environment and explicit overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise InvalidConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    env = os.environ if environ is None else environ
+    for name, value in sorted(env.items()):
+        if name.startswith(ENV_PREFIX):
+            _set_path(data, name[len(ENV_PREFIX) :].lower().replace("__", "."), value)
+    for dotted, value in (overrides or {}).items():
+        _set_path(data, dotted, value)
+    config: AppConfig = _build(AppConfig, _expand_env(data, "config"), "")
+    return config

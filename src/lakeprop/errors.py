@@ -1,0 +1,115 @@
+"""One exception hierarchy for the service.
+
+Every error carries a numeric code, as in the ISCP design: 0 is success,
+1-9999 are temporary (the work is retried), 10000 and above are permanent (the
+job stops in state ``error`` until a person repairs it). ``is_temporary`` is
+derived from the code, so a caller never has to know the concrete class.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Stable error codes. Temporary codes are below 10000."""
+
+    OK = 0
+    # temporary
+    UNKNOWN_TEMPORARY = 1
+    BROKER_UNAVAILABLE = 100
+    DELIVERY_FAILED = 101
+    SPARK_JOB_FAILED = 200
+    # permanent
+    UNKNOWN_PERMANENT = 10000
+    INVALID_CONFIG = 10001
+    INVALID_MESSAGE = 10100
+    UNSUPPORTED_VERSION = 10101
+    UNKNOWN_OPERATION = 10102
+    INVALID_IDENTIFIER = 10103
+    INVALID_SPEC = 10104
+    UNKNOWN_CONSUMER = 10105
+    INVALID_CONSUMER_OPTIONS = 10106
+    MESSAGE_TOO_LARGE = 10107
+    SOURCE_NOT_DELTA = 10200
+    SOURCE_COLUMN_MISSING = 10201
+
+
+TEMPORARY_LIMIT = 10000
+
+
+def is_temporary_code(code: int) -> bool:
+    """True for codes 1-9999: the failed work may succeed when retried."""
+    return 0 < code < TEMPORARY_LIMIT
+
+
+class LakepropError(Exception):
+    """Base of every error the service raises on purpose."""
+
+    default_code: ErrorCode = ErrorCode.UNKNOWN_PERMANENT
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = int(code if code is not None else self.default_code)
+
+    @property
+    def is_temporary(self) -> bool:
+        return is_temporary_code(self.code)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TemporaryError(LakepropError):
+    """Work that failed for a reason that may go away: retry with backoff."""
+
+    default_code = ErrorCode.UNKNOWN_TEMPORARY
+
+
+class PermanentError(LakepropError):
+    """Work that will keep failing until someone changes the input or the spec."""
+
+    default_code = ErrorCode.UNKNOWN_PERMANENT
+
+
+class InvalidConfigError(PermanentError):
+    """The configuration file or environment is wrong."""
+
+    default_code = ErrorCode.INVALID_CONFIG
+
+
+class InvalidMessageError(PermanentError):
+    """A change log message that cannot be applied; it goes to the rejects table."""
+
+    default_code = ErrorCode.INVALID_MESSAGE
+
+
+class InvalidIdentifierError(InvalidMessageError):
+    """A database, table, column or job name that is not a safe SQL identifier."""
+
+    default_code = ErrorCode.INVALID_IDENTIFIER
+
+
+class InvalidSpecError(InvalidMessageError):
+    """A job spec (trigger or iteration detail) that does not validate."""
+
+    default_code = ErrorCode.INVALID_SPEC
+
+
+class SourceTableError(PermanentError):
+    """The source table of a job is missing, not a Delta table, or lacks a column."""
+
+    default_code = ErrorCode.SOURCE_NOT_DELTA
+
+
+class DeliveryError(TemporaryError):
+    """The Kafka broker did not confirm a change log message."""
+
+    default_code = ErrorCode.DELIVERY_FAILED
+
+
+class BrokerError(TemporaryError):
+    """The Kafka broker could not be reached or started."""
+
+    default_code = ErrorCode.BROKER_UNAVAILABLE

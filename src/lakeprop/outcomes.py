@@ -1,0 +1,197 @@
+"""What became of each change log message.
+
+Two Delta tables record it, both keyed by the message's Kafka coordinates so
+that a replayed micro-batch writes nothing new:
+
+* ``requests``: one row per message that names a request: applied,
+  already_exists, not_found or rejected, with a detail a person can read. The
+  client waits on it; the runner reads it back on replay so a replayed message
+  gets the verdict it got the first time (the catalog is written after it).
+* ``rejects``: every message that could not be applied, with its raw payload,
+  its coordinates and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lakeprop import state
+from lakeprop.changelog import LogRecord
+from lakeprop.spec import JobKey
+
+MAX_STORED_PAYLOAD = 65_536
+"""Rejects keep at most this many bytes of a payload (payload_size has the full size)."""
+
+Coordinates = tuple[str, int, int]
+"""(topic, partition, offset) of a change log message."""
+
+
+class Outcome(str, Enum):
+    APPLIED = "applied"
+    ALREADY_EXISTS = "already_exists"
+    NOT_FOUND = "not_found"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one change log message."""
+
+    record: LogRecord
+    outcome: Outcome
+    request_id: str | None = None
+    op: str | None = None
+    key: JobKey | None = None
+    job_id: int | None = None
+    table_id: str | None = None
+    error_code: int = 0
+    detail: str = ""
+
+    @property
+    def coordinates(self) -> Coordinates:
+        return (self.record.topic, self.record.partition, self.record.offset)
+
+
+@dataclass(frozen=True)
+class RecordedVerdict:
+    """A verdict read back from the requests table (for replays)."""
+
+    outcome: Outcome
+    job_id: int | None
+    table_id: str | None
+
+
+REQUESTS_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("request_id", StringType(), True),
+        StructField("op", StringType(), True),
+        StructField("account_id", LongType(), True),
+        StructField("database", StringType(), True),
+        StructField("table", StringType(), True),
+        StructField("job_name", StringType(), True),
+        StructField("job_id", LongType(), True),
+        StructField("table_id", StringType(), True),
+        StructField("outcome", StringType(), False),
+        StructField("error_code", IntegerType(), False),
+        StructField("detail", StringType(), False),
+        StructField("log_timestamp", TimestampType(), False),
+        StructField("batch_id", LongType(), False),
+    ]
+)
+
+REJECTS_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("log_timestamp", TimestampType(), False),
+        StructField("message_key", StringType(), True),
+        StructField("payload", BinaryType(), True),
+        StructField("payload_size", IntegerType(), False),
+        StructField("error_code", IntegerType(), False),
+        StructField("reason", StringType(), False),
+        StructField("batch_id", LongType(), False),
+    ]
+)
+
+COORDINATE_KEYS = ("topic", "partition", "offset")
+
+
+class OutcomeTables:
+    """Writer and reader of the requests and rejects tables."""
+
+    def __init__(self, spark: SparkSession, requests_path: str, rejects_path: str) -> None:
+        self.spark = spark
+        self.requests_path = requests_path
+        self.rejects_path = rejects_path
+
+    def ensure(self) -> None:
+        state.ensure_table(self.spark, self.requests_path, REQUESTS_SCHEMA)
+        state.ensure_table(self.spark, self.rejects_path, REJECTS_SCHEMA)
+
+    def record(self, verdicts: Sequence[Verdict], batch_id: int) -> None:
+        """Write the verdicts of one micro-batch (idempotent)."""
+        requests = [
+            (
+                *v.coordinates,
+                v.request_id,
+                v.op,
+                v.key.account_id if v.key else None,
+                v.key.database if v.key else None,
+                v.key.table if v.key else None,
+                v.key.job_name if v.key else None,
+                v.job_id,
+                v.table_id,
+                v.outcome.value,
+                v.error_code,
+                v.detail,
+                v.record.timestamp,
+                batch_id,
+            )
+            for v in verdicts
+            if v.request_id is not None
+        ]
+        rejects = [
+            (
+                *v.coordinates,
+                v.record.timestamp,
+                None if v.record.key is None else v.record.key.decode("utf-8", "replace"),
+                None if v.record.value is None else v.record.value[:MAX_STORED_PAYLOAD],
+                0 if v.record.value is None else len(v.record.value),
+                v.error_code,
+                v.detail,
+                batch_id,
+            )
+            for v in verdicts
+            if v.outcome is Outcome.REJECTED
+        ]
+        state.insert_new(self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS)
+        state.insert_new(
+            self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS
+        )
+
+    def recorded(self, records: Sequence[LogRecord]) -> Mapping[Coordinates, RecordedVerdict]:
+        """Verdicts already recorded for these messages (non-empty only on replay)."""
+        if not records:
+            return {}
+        ranges: dict[tuple[str, int], tuple[int, int]] = {}
+        for r in records:
+            lo, hi = ranges.get((r.topic, r.partition), (r.offset, r.offset))
+            ranges[(r.topic, r.partition)] = (min(lo, r.offset), max(hi, r.offset))
+        condition = None
+        for (topic, partition), (lo, hi) in ranges.items():
+            part = (
+                (F.col("topic") == topic)
+                & (F.col("partition") == partition)
+                & F.col("offset").between(lo, hi)
+            )
+            condition = part if condition is None else condition | part
+        rows = (
+            state.read_table(self.spark, self.requests_path)
+            .where(condition)
+            .select(*COORDINATE_KEYS, "outcome", "job_id", "table_id")
+            .collect()
+        )
+        return {
+            (r["topic"], r["partition"], r["offset"]): RecordedVerdict(
+                Outcome(r["outcome"]), r["job_id"], r["table_id"]
+            )
+            for r in rows
+        }

@@ -1,0 +1,75 @@
+"""The service's own Delta tables: where they live and how they are written.
+
+All state is plain Delta tables under ``state.location`` so that a notebook can
+open them by path. Writes are MERGEs keyed by natural keys, which makes every
+write of this module idempotent: writing the same rows twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+CATALOG_TABLE = "catalog"
+REQUESTS_TABLE = "requests"
+REJECTS_TABLE = "rejects"
+
+
+def ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
+    """Create the Delta table at ``path`` with ``schema`` unless it exists."""
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
+
+
+def read_table(spark: SparkSession, path: str) -> DataFrame:
+    return spark.read.format("delta").load(path)
+
+
+def _key_condition(keys: Sequence[str]) -> Column:
+    return reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in keys])
+
+
+def upsert(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    keys: Sequence[str],
+) -> None:
+    """Insert new rows and overwrite existing ones with the same key."""
+    if not rows:
+        return
+    source = spark.createDataFrame(list(rows), schema)
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(source.alias("s"), _key_condition(keys))
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def insert_new(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    keys: Sequence[str],
+) -> None:
+    """Insert rows whose key is not in the table yet; existing rows stay as they are."""
+    if not rows:
+        return
+    source = spark.createDataFrame(list(rows), schema)
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(source.alias("s"), _key_condition(keys))
+        .whenNotMatchedInsertAll()
+        .execute()
+    )

@@ -1,0 +1,102 @@
+"""The streaming query: the change log on Kafka, plus a tick on every trigger.
+
+Spark does not call ``foreachBatch`` when a micro-batch has no new data, and a
+quiet change log would then stall trigger selection. A ``rate-micro-batch``
+source unioned with the Kafka source yields exactly one tick row per
+micro-batch, so the query runs every trigger interval whatever the log does.
+The sources of a query are fixed by its checkpoint, which is why the tick is
+part of the query from the first run on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from lakeprop.changelog import LogRecord
+from lakeprop.config import AppConfig, KafkaConfig
+
+RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "is_tick")
+
+BatchHandler = Callable[[DataFrame, int], None]
+
+
+def changelog_source(spark: SparkSession, kafka: KafkaConfig) -> DataFrame:
+    """The change log topic as a stream of Kafka records."""
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", kafka.topic)
+        .option("startingOffsets", kafka.starting_offsets)
+        .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+    )
+    for name, value in kafka.options.items():
+        reader = reader.option(f"kafka.{name}", value)
+    return reader.load().select(
+        "key", "value", "topic", "partition", "offset", "timestamp", F.lit(False).alias("is_tick")
+    )
+
+
+def tick_source(spark: SparkSession) -> DataFrame:
+    """One row per micro-batch, shaped like a Kafka record with ``is_tick`` set."""
+    return (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", 1)
+        .load()
+        .select(
+            F.lit(None).cast("binary").alias("key"),
+            F.lit(None).cast("binary").alias("value"),
+            F.lit(None).cast("string").alias("topic"),
+            F.lit(None).cast("int").alias("partition"),
+            F.lit(None).cast("long").alias("offset"),
+            F.col("timestamp"),
+            F.lit(True).alias("is_tick"),
+        )
+    )
+
+
+def start_query(
+    spark: SparkSession,
+    config: AppConfig,
+    handler: BatchHandler,
+    *,
+    available_now: bool = False,
+) -> StreamingQuery:
+    """Start the query; ``available_now`` processes what is there and stops (tests, catch-up)."""
+    writer = (
+        changelog_source(spark, config.kafka)
+        .unionByName(tick_source(spark))
+        .writeStream.queryName(config.query_name)
+        .option("checkpointLocation", config.state.checkpoint_location)
+        .foreachBatch(handler)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.tick_interval} seconds")
+    return writer.start()
+
+
+def log_records(batch: DataFrame) -> list[LogRecord]:
+    """The change log messages of a micro-batch (ticks left out), in log order."""
+    rows = (
+        batch.where(~F.col("is_tick"))
+        .select("topic", "partition", "offset", "timestamp", "key", "value")
+        .collect()
+    )
+    records = [
+        LogRecord(
+            topic=r["topic"],
+            partition=r["partition"],
+            offset=r["offset"],
+            timestamp=r["timestamp"] or datetime.fromtimestamp(0),
+            key=None if r["key"] is None else bytes(r["key"]),
+            value=None if r["value"] is None else bytes(r["value"]),
+        )
+        for r in rows
+    ]
+    return sorted(records, key=lambda r: (r.topic, r.partition, r.offset))

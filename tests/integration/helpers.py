@@ -1,0 +1,101 @@
+"""Helpers for integration tests: run the app once, make source tables, read state."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from lakeprop import state
+from lakeprop.app import PropagationApp
+from lakeprop.catalog import CATALOG_SCHEMA, EMPTY_STATUS, CatalogRow, JobState, job_id_for
+from lakeprop.changelog import LogRecord
+from lakeprop.client import Receipt
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey, JobSpec
+
+
+def run_once(spark: SparkSession, config: AppConfig) -> PropagationApp:
+    """Start the app on its checkpoint, process everything in the log, stop."""
+    app = PropagationApp(spark, config)
+    query = app.start(available_now=True)
+    try:
+        query.awaitTermination(180)
+    finally:
+        if query.isActive:
+            query.stop()
+    assert query.exception() is None, query.exception()
+    return app
+
+
+def make_source(spark: SparkSession, config: AppConfig, database: str, table: str) -> str:
+    """A small Delta source table; returns its table id."""
+    path = f"{config.tables.warehouse}/{database}/{table}"
+    spark.createDataFrame([(1, "a", 10.0), (2, "b", 20.0)], "id INT, name STRING, amount DOUBLE") \
+        .write.format("delta").mode("overwrite").save(path)
+    return str(DeltaTable.forPath(spark, path).detail().first()["id"])
+
+
+def table(spark: SparkSession, config: AppConfig, name: str) -> DataFrame:
+    return state.read_table(spark, config.state.table_path(name))
+
+
+def catalog_df(spark: SparkSession, config: AppConfig) -> DataFrame:
+    return table(spark, config, state.CATALOG_TABLE)
+
+
+def expected_row(
+    key: JobKey,
+    spec: JobSpec,
+    register: Receipt,
+    table_id: str,
+    *,
+    last: Receipt | None = None,
+    drop_at: datetime | None = None,
+) -> CatalogRow:
+    """The catalog row a register (and optionally a later message) should produce."""
+    last = last or register
+    record = LogRecord(register.topic, register.partition, register.offset, register.timestamp,
+                       None, None)
+    return CatalogRow(
+        account_id=key.account_id,
+        database=key.database,
+        table=key.table,
+        job_name=key.job_name,
+        job_id=job_id_for(record),
+        table_id=table_id,
+        job_spec=spec.canonical(),
+        job_state=JobState.COMPLETED.value,
+        watermark=None,
+        watermark_ts=None,
+        job_status=EMPTY_STATUS,
+        create_at=register.timestamp,
+        drop_at=drop_at,
+        owner=None,
+        log_partition=last.partition,
+        log_offset=last.offset,
+    )
+
+
+def rows_df(spark: SparkSession, rows: list[CatalogRow]) -> DataFrame:
+    return spark.createDataFrame([r.as_tuple() for r in rows], CATALOG_SCHEMA)
+
+
+def replica_spec(**trigger: Any) -> JobSpec:
+    return JobSpec.from_json(
+        {
+            "trigger": trigger or {"kind": "default"},
+            "iteration": {
+                "priority": 1,
+                "consumer": {"type": "replica", "options": {"primary_key": ["id"]}},
+            },
+        }
+    )
+
+
+def snapshot(df: DataFrame) -> list[str]:
+    """Whole table content as sorted JSON lines (for byte-for-byte comparisons)."""
+    return sorted(json.dumps(r.asDict(), sort_keys=True, default=str) for r in df.collect())

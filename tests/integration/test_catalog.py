@@ -1,0 +1,292 @@
+"""Change log -> job catalog, through the real broker, Spark and Delta."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import SparkSession
+
+from lakeprop.app import PropagationApp
+from lakeprop.catalog import JobState
+from lakeprop.changelog import LogRecord
+from lakeprop.client import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.runner import BatchSummary
+from lakeprop.spec import JobKey, JobSpec
+from tests.conftest import assert_eventually
+from tests.integration.helpers import (
+    catalog_df,
+    expected_row,
+    make_source,
+    replica_spec,
+    rows_df,
+    run_once,
+    snapshot,
+    table,
+)
+
+pytestmark = pytest.mark.integration
+
+KEY = JobKey(7, "sales", "orders", "orders_copy")
+
+
+@pytest.fixture
+def client(spark: SparkSession, app_config: AppConfig) -> Iterator[LakepropClient]:
+    c = LakepropClient(app_config.kafka, app_config.state, spark)
+    yield c
+    c.close()
+
+
+def outcomes(spark: SparkSession, config: AppConfig) -> dict[str, str]:
+    return {
+        r["request_id"]: r["outcome"]
+        for r in table(spark, config, "requests").select("request_id", "outcome").collect()
+    }
+
+
+def test_register_creates_a_completed_job_with_the_seed_columns(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    table_id = make_source(spark, app_config, "sales", "orders")
+    spec = replica_spec(kind="periodic", interval="30s", share=True)
+    receipt = client.register_job(KEY, spec)
+
+    run_once(spark, app_config)
+
+    expected = rows_df(spark, [expected_row(KEY, spec, receipt, table_id)])
+    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
+    assert outcomes(spark, app_config) == {receipt.request_id: "applied"}
+
+
+def test_second_register_of_a_live_job_is_reported_not_duplicated(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    table_id = make_source(spark, app_config, "sales", "orders")
+    spec = replica_spec()
+    first = client.register_job(KEY, spec)
+    run_once(spark, app_config)
+    second = client.register_job(KEY, replica_spec(kind="greedy"))
+    run_once(spark, app_config)
+
+    expected = rows_df(spark, [expected_row(KEY, spec, first, table_id)])
+    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
+    assert outcomes(spark, app_config) == {
+        first.request_id: "applied",
+        second.request_id: "already_exists",
+    }
+    assert client.wait_for_outcome(second)["detail"].startswith(f"job {KEY} already exists")
+
+
+def test_unregister_sets_drop_time_and_a_re_register_gets_a_new_job_id(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    table_id = make_source(spark, app_config, "sales", "orders")
+    spec = replica_spec()
+    register = client.register_job(KEY, spec)
+    unregister = client.unregister_job(KEY)
+    again = client.register_job(KEY, spec)
+    run_once(spark, app_config)
+
+    expected = rows_df(
+        spark,
+        [
+            expected_row(KEY, spec, register, table_id, last=unregister,
+                         drop_at=unregister.timestamp),
+            expected_row(KEY, spec, again, table_id),
+        ],
+    )
+    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
+    job_ids = [r["job_id"] for r in catalog_df(spark, app_config).collect()]
+    assert len(set(job_ids)) == 2
+    status = client.get_job_status(KEY)
+    assert status is not None and status.drop_at is None and status.create_at == again.timestamp
+
+
+def test_update_spec_fills_empty_fields_from_the_current_spec(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    table_id = make_source(spark, app_config, "sales", "orders")
+    spec = JobSpec.from_json(
+        {
+            "trigger": {"kind": "periodic", "interval": "1m", "share": True},
+            "iteration": {
+                "priority": 5,
+                "consumer": {
+                    "type": "replica",
+                    "options": {"primary_key": ["id"], "columns": ["id", "name"]},
+                },
+            },
+        }
+    )
+    register = client.register_job(KEY, spec)
+    update = client.update_job_spec(
+        KEY, {"iteration": {"priority": 9, "consumer": {"options": {"target_table": "copy"}}}}
+    )
+    run_once(spark, app_config)
+
+    merged = JobSpec.from_json(
+        {
+            "trigger": {"kind": "periodic", "interval": "1m", "share": True},
+            "iteration": {
+                "priority": 9,
+                "consumer": {
+                    "type": "replica",
+                    "options": {
+                        "primary_key": ["id"],
+                        "columns": ["id", "name"],
+                        "target_table": "copy",
+                    },
+                },
+            },
+        }
+    )
+    expected = rows_df(spark, [expected_row(KEY, merged, register, table_id, last=update)])
+    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
+    info = client.get_job_status(KEY)
+    assert info is not None and info.spec == merged.to_json()
+
+
+def test_unregister_or_update_of_an_unknown_job_is_not_found(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    unregister = client.unregister_job(KEY)
+    update = client.update_job_spec(KEY, {"iteration": {"priority": 3}})
+    run_once(spark, app_config)
+
+    assert catalog_df(spark, app_config).count() == 0
+    assert outcomes(spark, app_config) == {
+        unregister.request_id: "not_found",
+        update.request_id: "not_found",
+    }
+
+
+def test_status_and_list_by_state(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    make_source(spark, app_config, "sales", "orders")
+    keys = [JobKey(1, "sales", "orders", f"job_{i}") for i in range(3)]
+    for key in keys:
+        client.register_job(key, replica_spec())
+    client.unregister_job(keys[2])
+    run_once(spark, app_config)
+
+    listed = client.list_jobs(state=JobState.COMPLETED)
+    assert [j.key for j in listed] == keys[:2]
+    assert [j.key for j in client.list_jobs(include_dropped=True)] == keys
+    assert client.list_jobs(state="error") == []
+    assert client.list_jobs(account_id=2) == []
+    info = client.get_job_status(keys[0])
+    assert info is not None
+    assert (info.state, info.watermark, info.status["error_code"]) == ("completed", None, 0)
+    assert client.get_job_status(JobKey(1, "sales", "orders", "nope")) is None
+
+
+def test_replaying_a_batch_leaves_every_table_equal(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    """Spark re-runs the last batch when its commit is missing, as after a crash."""
+    make_source(spark, app_config, "sales", "orders")
+    client.register_job(KEY, replica_spec())
+    client.update_job_spec(KEY, {"iteration": {"priority": 4}})
+    client.register_job(JobKey(7, "sales", "orders", "second"), replica_spec())
+    client.unregister_job(JobKey(7, "sales", "orders", "second"))
+    client.register_job(JobKey(7, "sales", "orders", "second"), replica_spec(kind="greedy"))
+    client.register_job(JobKey(7, "sales", "nowhere", "bad"), replica_spec())  # rejected
+    run_once(spark, app_config)
+    before = {name: snapshot(table(spark, app_config, name))
+              for name in ("catalog", "requests", "rejects")}
+
+    commits = Path(app_config.state.checkpoint_location) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    (commits / f".{last}.crc").unlink(missing_ok=True)
+    run_once(spark, app_config)
+
+    after = {name: snapshot(table(spark, app_config, name))
+             for name in ("catalog", "requests", "rejects")}
+    assert after == before
+    assert len(before["catalog"]) == 3 and len(before["rejects"]) == 1
+
+
+def test_a_replay_keeps_the_verdict_recorded_before_the_crash(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    """A source that appears between the first run and the replay changes nothing."""
+    client.register_job(KEY, replica_spec())  # source missing: rejected
+    run_once(spark, app_config)
+    make_source(spark, app_config, "sales", "orders")
+    commits = Path(app_config.state.checkpoint_location) / "commits"
+    for p in commits.iterdir():
+        p.unlink()
+    run_once(spark, app_config)
+
+    assert catalog_df(spark, app_config).count() == 0
+    assert table(spark, app_config, "rejects").count() == 1
+
+
+def test_restart_on_the_same_checkpoint_applies_everything_exactly_once(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    table_id = make_source(spark, app_config, "sales", "orders")
+    keys = [JobKey(0, "sales", "orders", f"j{i}") for i in range(4)]
+    spec = replica_spec()
+    receipts = [client.register_job(keys[0], spec), client.register_job(keys[1], spec)]
+    run_once(spark, app_config)
+    receipts += [client.register_job(keys[2], spec), client.register_job(keys[3], spec)]
+    run_once(spark, app_config)
+    run_once(spark, app_config)  # nothing new: changes nothing
+
+    expected = rows_df(
+        spark, [expected_row(k, spec, r, table_id) for k, r in zip(keys, receipts, strict=True)]
+    )
+    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
+    requests = table(spark, app_config, "requests")
+    assert_df_equality(
+        requests.select("request_id", "outcome"),
+        spark.createDataFrame([(r.request_id, "applied") for r in receipts],
+                              requests.select("request_id", "outcome").schema),
+        ignore_row_order=True,
+    )
+
+
+def test_the_query_ticks_while_the_log_is_quiet(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    app = PropagationApp(spark, app_config)
+    calls: list[tuple[int, int]] = []
+    apply_log = app.runner.apply_log
+
+    def counting(records: Sequence[LogRecord], batch_id: int) -> BatchSummary:
+        calls.append((batch_id, len(records)))
+        return apply_log(records, batch_id)
+
+    app.runner.apply_log = counting  # type: ignore[method-assign]
+    query = app.start()
+    try:
+
+        def ticked_three_times() -> None:
+            assert len(calls) >= 3
+
+        assert_eventually(ticked_three_times, timeout=60)
+    finally:
+        query.stop()
+    assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_state_tables_survive_a_deleted_checkpoint_without_duplicates(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    """Losing the checkpoint re-reads the log from the start; the catalog skips it all."""
+    make_source(spark, app_config, "sales", "orders")
+    client.register_job(KEY, replica_spec())
+    client.unregister_job(KEY)
+    client.register_job(KEY, replica_spec())
+    run_once(spark, app_config)
+    before = snapshot(catalog_df(spark, app_config))
+    shutil.rmtree(app_config.state.checkpoint_location)
+    run_once(spark, app_config)
+    assert snapshot(catalog_df(spark, app_config)) == before
