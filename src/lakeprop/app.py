@@ -7,17 +7,18 @@ import threading
 import time
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.catalog import JobCatalog
-from lakeprop.state import CATALOG_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.config import AppConfig
 from lakeprop.outcomes import OutcomeTables
 from lakeprop.runner import Runner
 from lakeprop.sources import SourceTables
+from lakeprop.state import CATALOG_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.stream import start_query
 
 log = logging.getLogger(__name__)
+
 
 class PropagationApp:
     """One instance per process: owns the catalog in memory and the query."""
@@ -64,7 +65,7 @@ class PropagationApp:
         return query
 
     def run_until(
-        self, stop: threading.Event, poll_seconds: float = 1.0, drain_seconds: float = 120.0
+        self, stop: threading.Event, poll_seconds: int = 1, drain_seconds: float = 120.0
     ) -> None:
         """Run the query until ``stop`` is set (a signal) or the query fails.
 

@@ -95,13 +95,17 @@ def decode(record: LogRecord, max_bytes: int) -> Command:
     try:
         text = record.value.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidMessageError(f"message is not UTF-8 text: {exc.reason} at byte {exc.start}")
+        raise InvalidMessageError(
+            f"message is not UTF-8 text: {exc.reason} at byte {exc.start}"
+        ) from None
     try:
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
-        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(
-            exc, json.JSONDecodeError
-        ) else "nested too deeply"
+        detail = (
+            f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else "nested too deeply"
+        )
         raise InvalidMessageError(f"message is not valid JSON: {detail}") from None
     if not isinstance(obj, dict):
         raise InvalidMessageError(f"message must be a JSON object, got {type(obj).__name__}")

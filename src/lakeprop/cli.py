@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from lakeprop.config import LOCAL_BOOTSTRAP, AppConfig, load_config
@@ -40,7 +41,7 @@ def _key(args: argparse.Namespace) -> JobKey:
 
 def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, Any]:
     if args.spec:
-        text = open(args.spec[1:]).read() if args.spec.startswith("@") else args.spec
+        text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
         spec: dict[str, Any] = json.loads(text)
         return spec
     trigger: dict[str, Any] = {}

@@ -83,7 +83,8 @@ def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
 def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
     """Create the change log topic (infinite retention) if it does not exist."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
     topic = NewTopic(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from lakeprop.errors import InvalidConfigError
+from lakeprop.errors import InvalidConfigError, LakepropError
 from lakeprop.spec import parse_duration
 
 if sys.version_info >= (3, 11):
@@ -149,20 +149,20 @@ class AppConfig:
         _positive(self.tick_interval, "tick_interval")
 
 
-def _expand_env(value: Any, where: str) -> Any:
+def _expand_env(value: Any, where: str, env: Mapping[str, str]) -> Any:
     if isinstance(value, str):
 
         def lookup(match: re.Match[str]) -> str:
             name = match.group(1)
-            if name not in os.environ:
+            if name not in env:
                 raise InvalidConfigError(f"{where} refers to ${{{name}}}, which is not set")
-            return os.environ[name]
+            return env[name]
 
         return _ENV_REF.sub(lookup, value)
     if isinstance(value, dict):
-        return {k: _expand_env(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: _expand_env(v, f"{where}.{k}", env) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, where) for v in value]
+        return [_expand_env(v, where, env) for v in value]
     return value
 
 
@@ -180,6 +180,17 @@ def _set_path(tree: dict[str, Any], dotted: str, raw: str) -> None:
     node[parts[-1]] = value
 
 
+def _same_kind(default: Any, value: Any) -> bool:
+    """Whether a setting's value has the type of its default (scalars only)."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int | float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    return True
+
+
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
@@ -189,15 +200,16 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     for name, value in data.items():
         f = known[name]
         path = f"{where}.{name}" if where else name
-        default = (
-            f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
-        )
+        default = f.default_factory() if callable(f.default_factory) else f.default
         if is_dataclass(default):
             if not isinstance(value, dict):
                 raise InvalidConfigError(f"{path} must be a section")
             kwargs[name] = _build(type(default), value, path)
         elif name in ("tick_interval", "delivery_timeout"):
-            kwargs[name] = parse_duration(value, path) if not isinstance(value, bool) else value
+            try:
+                kwargs[name] = parse_duration(value, path)
+            except LakepropError as exc:
+                raise InvalidConfigError(str(exc)) from None
         elif name == "packages":
             kwargs[name] = tuple(value)
         elif name in ("conf", "options"):
@@ -206,12 +218,10 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
             kwargs[name] = {str(k): str(v) for k, v in value.items()}
         else:
             kwargs[name] = value
-        expected = type(default) if default is not None and not is_dataclass(default) else None
-        if expected in (int, float, bool, str) and not isinstance(kwargs[name], expected):
-            if not (expected is float and isinstance(kwargs[name], int)):
-                raise InvalidConfigError(
-                    f"{path} must be of type {expected.__name__}, got {kwargs[name]!r}"
-                )
+        if not _same_kind(default, kwargs[name]):
+            raise InvalidConfigError(
+                f"{path} must be of type {type(default).__name__}, got {kwargs[name]!r}"
+            )
     try:
         return cls(**kwargs)
     except InvalidConfigError:
@@ -241,5 +251,5 @@ def load_config(
             _set_path(data, name[len(ENV_PREFIX) :].lower().replace("__", "."), value)
     for dotted, value in (overrides or {}).items():
         _set_path(data, dotted, value)
-    config: AppConfig = _build(AppConfig, _expand_env(data, "config"), "")
+    config: AppConfig = _build(AppConfig, _expand_env(data, "config", env), "")
     return config

@@ -158,12 +158,16 @@ class LocalKafka:
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             done = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+                self._java(
+                    "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
+                ),
                 capture_output=True,
                 text=True,
             )
             if done.returncode != 0:
-                raise BrokerError(f"formatting {self.data_dir} failed: {done.stderr or done.stdout}")
+                raise BrokerError(
+                    f"formatting {self.data_dir} failed: {done.stderr or done.stdout}"
+                )
         with open(self.data_dir / "broker.out", "ab") as out:
             self._process = subprocess.Popen(
                 self._java("kafka.Kafka", str(config)),

@@ -163,9 +163,7 @@ class OutcomeTables:
             if v.outcome is Outcome.REJECTED
         ]
         state.insert_new(self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS)
-        state.insert_new(
-            self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS
-        )
+        state.insert_new(self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS)
 
     def recorded(self, records: Sequence[LogRecord]) -> Mapping[Coordinates, RecordedVerdict]:
         """Verdicts already recorded for these messages (non-empty only on replay)."""
@@ -175,14 +173,13 @@ class OutcomeTables:
         for r in records:
             lo, hi = ranges.get((r.topic, r.partition), (r.offset, r.offset))
             ranges[(r.topic, r.partition)] = (min(lo, r.offset), max(hi, r.offset))
-        condition = None
+        condition = F.lit(False)
         for (topic, partition), (lo, hi) in ranges.items():
-            part = (
+            condition |= (
                 (F.col("topic") == topic)
                 & (F.col("partition") == partition)
                 & F.col("offset").between(lo, hi)
             )
-            condition = part if condition is None else condition | part
         rows = (
             state.read_table(self.spark, self.requests_path)
             .where(condition)

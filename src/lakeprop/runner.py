@@ -35,9 +35,7 @@ class BatchSummary:
     unchanged: int
 
 
-def decode_all(
-    records: Sequence[LogRecord], max_bytes: int
-) -> tuple[list[Command], list[Verdict]]:
+def decode_all(records: Sequence[LogRecord], max_bytes: int) -> tuple[list[Command], list[Verdict]]:
     """Decode every record; invalid ones become rejected verdicts."""
     commands: list[Command] = []
     rejected: list[Verdict] = []
@@ -105,11 +103,17 @@ class Runner:
             messages=len(records),
             applied=sum(v.outcome is Outcome.APPLIED for v in verdicts),
             rejected=sum(v.outcome is Outcome.REJECTED for v in verdicts),
-            unchanged=sum(v.outcome in (Outcome.ALREADY_EXISTS, Outcome.NOT_FOUND) for v in verdicts),
+            unchanged=sum(
+                v.outcome in (Outcome.ALREADY_EXISTS, Outcome.NOT_FOUND) for v in verdicts
+            ),
         )
         log.info(
             "batch %d: %d message(s), %d applied, %d rejected, %d unchanged",
-            batch_id, summary.messages, summary.applied, summary.rejected, summary.unchanged,
+            batch_id,
+            summary.messages,
+            summary.applied,
+            summary.rejected,
+            summary.unchanged,
         )
         for v in verdicts:
             if v.outcome is Outcome.REJECTED:

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.changelog import LogRecord
 from lakeprop.config import AppConfig, KafkaConfig

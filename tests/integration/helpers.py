@@ -34,8 +34,9 @@ def run_once(spark: SparkSession, config: AppConfig) -> PropagationApp:
 def make_source(spark: SparkSession, config: AppConfig, database: str, table: str) -> str:
     """A small Delta source table; returns its table id."""
     path = f"{config.tables.warehouse}/{database}/{table}"
-    spark.createDataFrame([(1, "a", 10.0), (2, "b", 20.0)], "id INT, name STRING, amount DOUBLE") \
-        .write.format("delta").mode("overwrite").save(path)
+    spark.createDataFrame(
+        [(1, "a", 10.0), (2, "b", 20.0)], "id INT, name STRING, amount DOUBLE"
+    ).write.format("delta").mode("overwrite").save(path)
     return str(DeltaTable.forPath(spark, path).detail().first()["id"])
 
 
@@ -58,8 +59,9 @@ def expected_row(
 ) -> CatalogRow:
     """The catalog row a register (and optionally a later message) should produce."""
     last = last or register
-    record = LogRecord(register.topic, register.partition, register.offset, register.timestamp,
-                       None, None)
+    record = LogRecord(
+        register.topic, register.partition, register.offset, register.timestamp, None, None
+    )
     return CatalogRow(
         account_id=key.account_id,
         database=key.database,

@@ -94,8 +94,9 @@ def test_unregister_sets_drop_time_and_a_re_register_gets_a_new_job_id(
     expected = rows_df(
         spark,
         [
-            expected_row(KEY, spec, register, table_id, last=unregister,
-                         drop_at=unregister.timestamp),
+            expected_row(
+                KEY, spec, register, table_id, last=unregister, drop_at=unregister.timestamp
+            ),
             expected_row(KEY, spec, again, table_id),
         ],
     )
@@ -197,8 +198,10 @@ def test_replaying_a_batch_leaves_every_table_equal(
     client.register_job(JobKey(7, "sales", "orders", "second"), replica_spec(kind="greedy"))
     client.register_job(JobKey(7, "sales", "nowhere", "bad"), replica_spec())  # rejected
     run_once(spark, app_config)
-    before = {name: snapshot(table(spark, app_config, name))
-              for name in ("catalog", "requests", "rejects")}
+    before = {
+        name: snapshot(table(spark, app_config, name))
+        for name in ("catalog", "requests", "rejects")
+    }
 
     commits = Path(app_config.state.checkpoint_location) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
@@ -206,8 +209,10 @@ def test_replaying_a_batch_leaves_every_table_equal(
     (commits / f".{last}.crc").unlink(missing_ok=True)
     run_once(spark, app_config)
 
-    after = {name: snapshot(table(spark, app_config, name))
-             for name in ("catalog", "requests", "rejects")}
+    after = {
+        name: snapshot(table(spark, app_config, name))
+        for name in ("catalog", "requests", "rejects")
+    }
     assert after == before
     assert len(before["catalog"]) == 3 and len(before["rejects"]) == 1
 
@@ -247,15 +252,15 @@ def test_restart_on_the_same_checkpoint_applies_everything_exactly_once(
     requests = table(spark, app_config, "requests")
     assert_df_equality(
         requests.select("request_id", "outcome"),
-        spark.createDataFrame([(r.request_id, "applied") for r in receipts],
-                              requests.select("request_id", "outcome").schema),
+        spark.createDataFrame(
+            [(r.request_id, "applied") for r in receipts],
+            requests.select("request_id", "outcome").schema,
+        ),
         ignore_row_order=True,
     )
 
 
-def test_the_query_ticks_while_the_log_is_quiet(
-    spark: SparkSession, app_config: AppConfig
-) -> None:
+def test_the_query_ticks_while_the_log_is_quiet(spark: SparkSession, app_config: AppConfig) -> None:
     app = PropagationApp(spark, app_config)
     calls: list[tuple[int, int]] = []
     apply_log = app.runner.apply_log

@@ -1,0 +1,38 @@
+# Everyday verbs. `make help` lists them.
+.DEFAULT_GOAL := help
+VENV ?= .venv
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+setup: ## create .venv, fetch jars and the Kafka broker (idempotent)
+	bash scripts/setup.sh
+
+run: ## run the service locally until Ctrl-C (embedded broker, conf/local.toml)
+	./spark-submit.sh
+
+test: ## lint, type check and the whole test suite
+	./scripts/test.sh
+
+unit: setup ## the fast unit tests only (no Spark, no broker)
+	$(VENV)/bin/pytest tests/unit -q
+
+lint: setup ## ruff and mypy
+	$(VENV)/bin/ruff check src tests jobs scripts
+	$(VENV)/bin/ruff format --check src tests jobs scripts
+	$(VENV)/bin/mypy
+
+format: setup ## apply ruff's formatting and import order
+	$(VENV)/bin/ruff check --fix src tests jobs scripts
+	$(VENV)/bin/ruff format src tests jobs scripts
+
+broker-start: setup ## start the local development broker on 127.0.0.1:19092
+	$(VENV)/bin/lakeprop --config conf/local.toml broker start
+
+broker-stop: ## stop the local development broker
+	$(VENV)/bin/lakeprop --config conf/local.toml broker stop
+
+clean-state: ## delete local state, checkpoint, warehouse and broker data (.lakeprop)
+	rm -rf .lakeprop
+
+.PHONY: help setup run test unit lint format broker-start broker-stop clean-state

@@ -1,0 +1,148 @@
+"""The client and the CLI against the real broker (and a broker that is down)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import SparkSession
+
+from lakeprop import cli
+from lakeprop.client import LakepropClient
+from lakeprop.config import AppConfig, KafkaConfig
+from lakeprop.errors import DeliveryError, InvalidSpecError
+from lakeprop.localkafka import free_port
+from lakeprop.spec import JobKey
+from tests.integration.helpers import make_source, replica_spec, run_once
+
+pytestmark = pytest.mark.integration
+
+KEY = JobKey(3, "shop", "items", "copy")
+
+
+def test_delivery_failure_is_an_error_to_the_caller() -> None:
+    down = KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", delivery_timeout=3.0)
+    client = LakepropClient(down)
+    with pytest.raises(DeliveryError, match=r"was not delivered|was not confirmed") as info:
+        client.register_job(KEY, replica_spec())
+    assert info.value.is_temporary
+    assert "127.0.0.1" in str(info.value)
+
+
+def test_an_invalid_spec_fails_in_the_client_before_anything_is_sent(
+    app_config: AppConfig,
+) -> None:
+    client = LakepropClient(app_config.kafka)
+    with pytest.raises(InvalidSpecError, match="unknown consumer type"):
+        client.register_job(KEY, {"iteration": {"consumer": {"type": "nope"}}})
+    assert client._producer is None
+
+
+def test_messages_are_keyed_by_job_so_one_job_stays_on_one_partition(
+    app_config: AppConfig,
+) -> None:
+    client = LakepropClient(app_config.kafka)
+    receipts = [
+        client.register_job(KEY, replica_spec()),
+        client.unregister_job(KEY),
+        client.update_job_spec(KEY, {"iteration": {"priority": 2}}),
+    ]
+    assert len({r.partition for r in receipts}) == 1
+    assert [r.offset for r in receipts] == sorted(r.offset for r in receipts)
+
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        app_config.kafka.topic,
+        bootstrap_servers=app_config.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
+    got = [(m.key, json.loads(m.value)) for m in consumer]
+    consumer.close()
+    assert [k for k, _ in got] == [KEY.message_key] * 3
+    assert [(v["op"], v["request_id"]) for _, v in got] == [
+        ("register", receipts[0].request_id),
+        ("unregister", receipts[1].request_id),
+        ("update_spec", receipts[2].request_id),
+    ]
+
+
+def test_cli_register_update_status_list_unregister(
+    spark: SparkSession,
+    app_config: AppConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    make_source(spark, app_config, "shop", "items")
+    settings = {
+        "kafka.bootstrap_servers": app_config.kafka.bootstrap_servers,
+        "kafka.topic": app_config.kafka.topic,
+        "state.location": app_config.state.location,
+    }
+    base = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    key = ["--account", "3", "--database", "shop", "--table", "items", "--name", "copy"]
+    assert (
+        cli.main(
+            [
+                *base,
+                "register",
+                *key,
+                "--consumer",
+                "replica",
+                "--options",
+                '{"primary_key": ["id"]}',
+                "--trigger",
+                "periodic",
+                "--interval",
+                "5m",
+            ]
+        )
+        == 0
+    )
+    assert cli.main([*base, "update-spec", *key, "--priority", "8"]) == 0
+    run_once(spark, app_config)
+    capsys.readouterr()
+
+    assert cli.main([*base, "status", *key]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["state"] == "completed"
+    assert status["spec"] == {
+        "trigger": {"kind": "periodic", "interval": 300.0, "share": False},
+        "iteration": {
+            "priority": 8,
+            "consumer": {
+                "type": "replica",
+                "options": {
+                    "primary_key": ["id"],
+                    "columns": None,
+                    "target_database": None,
+                    "target_table": None,
+                },
+            },
+        },
+    }
+    assert cli.main([*base, "list", "--state", "completed"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [j["key"]["job_name"] for j in listed] == ["copy"]
+
+    assert cli.main([*base, "unregister", *key]) == 0
+    run_once(spark, app_config)
+    capsys.readouterr()
+    assert cli.main([*base, "list"]) == 0
+    assert capsys.readouterr().out == ""
+    assert (
+        cli.main(
+            [
+                *base,
+                "status",
+                *key,
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["drop_at"] is not None
+    assert (
+        cli.main([*base, "status", "--database", "shop", "--table", "items", "--name", "ghost"])
+        == 1
+    )

@@ -1,0 +1,220 @@
+"""Every class of bad change log input lands in the rejects table; valid ones apply."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import SparkSession
+
+from lakeprop.config import AppConfig
+from lakeprop.errors import ErrorCode
+from lakeprop.outcomes import REJECTS_SCHEMA
+from lakeprop.spec import JobKey
+from tests.conftest import produce_raw
+from tests.integration.helpers import catalog_df, make_source, run_once, table
+
+pytestmark = pytest.mark.integration
+
+VALID_SPEC = {
+    "trigger": {"kind": "greedy"},
+    "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
+}
+
+
+def message(n: int, **changes: Any) -> tuple[bytes, bytes]:
+    body: dict[str, Any] = {
+        "version": 1,
+        "op": "register",
+        "request_id": f"req-{n}",
+        "job": {"account_id": 1, "database": "sales", "table": "orders", "name": f"job_{n}"},
+        "spec": VALID_SPEC,
+    }
+    body.update(changes)
+    job = body["job"]
+    key = f"{job.get('account_id')}/{job.get('database')}/{job.get('table')}/{job.get('name')}"
+    return key.encode(), json.dumps(body).encode()
+
+
+def with_spec(n: int, spec: dict[str, Any]) -> tuple[bytes, bytes]:
+    return message(n, spec=spec)
+
+
+def consumer_spec(consumer: dict[str, Any]) -> dict[str, Any]:
+    return {"trigger": {"kind": "default"}, "iteration": {"consumer": consumer}}
+
+
+# (message, expected error code, words the reason must contain)
+CASES: list[tuple[tuple[bytes | None, bytes | None], ErrorCode, str]] = [
+    ((b"1/sales/orders/x", b"{not json"), ErrorCode.INVALID_MESSAGE, "not valid JSON"),
+    ((b"k", b"\xff\xfe\x00"), ErrorCode.INVALID_MESSAGE, "not UTF-8"),
+    ((b"k", b"[1, 2]"), ErrorCode.INVALID_MESSAGE, "must be a JSON object"),
+    (message(3, version=2), ErrorCode.UNSUPPORTED_VERSION, "unsupported envelope version 2"),
+    (message(4, op="drop_everything"), ErrorCode.UNKNOWN_OPERATION, "unknown operation"),
+    (message(5, request_id=None), ErrorCode.INVALID_MESSAGE, "request_id"),
+    (
+        message(
+            6, job={"account_id": "seven", "database": "sales", "table": "orders", "name": "j"}
+        ),
+        ErrorCode.INVALID_SPEC,
+        "account_id must be an integer",
+    ),
+    (
+        message(7, job={"account_id": 1, "database": "sales", "name": "j"}),
+        ErrorCode.INVALID_SPEC,
+        "missing field(s) ['table']",
+    ),
+    (
+        with_spec(8, {"trigger": {"kind": "periodic"}, "iteration": VALID_SPEC["iteration"]}),
+        ErrorCode.INVALID_SPEC,
+        "trigger.interval is required",
+    ),
+    (
+        with_spec(9, {"trigger": {"kind": "sometimes"}, "iteration": VALID_SPEC["iteration"]}),
+        ErrorCode.INVALID_SPEC,
+        "trigger.kind must be one of",
+    ),
+    (
+        with_spec(10, consumer_spec({"type": "vector_magic"})),
+        ErrorCode.UNKNOWN_CONSUMER,
+        "unknown consumer type 'vector_magic'",
+    ),
+    (
+        with_spec(11, consumer_spec({"type": "replica", "options": {}})),
+        ErrorCode.INVALID_CONSUMER_OPTIONS,
+        "primary_key is required",
+    ),
+    (
+        message(
+            12,
+            job={
+                "account_id": 1,
+                "database": "sales",
+                "table": "orders`; DROP TABLE x; --",
+                "name": "j",
+            },
+        ),
+        ErrorCode.INVALID_IDENTIFIER,
+        "is not a valid identifier",
+    ),
+    (
+        message(
+            13, job={"account_id": 1, "database": "sales", "table": "plain_parquet", "name": "j"}
+        ),
+        ErrorCode.SOURCE_NOT_DELTA,
+        "is not a Delta table",
+    ),
+    (
+        message(14, job={"account_id": 1, "database": "sales", "table": "missing", "name": "j"}),
+        ErrorCode.SOURCE_NOT_DELTA,
+        "does not exist",
+    ),
+    (
+        with_spec(15, consumer_spec({"type": "replica", "options": {"primary_key": ["nope"]}})),
+        ErrorCode.SOURCE_COLUMN_MISSING,
+        "has no column(s) ['nope']",
+    ),
+    (
+        (b"1/sales/orders/other", message(16)[1]),
+        ErrorCode.INVALID_MESSAGE,
+        "does not match the job key",
+    ),
+    ((b"k", None), ErrorCode.INVALID_MESSAGE, "has no value"),
+]
+
+
+def test_each_class_of_bad_input_is_rejected_with_a_reason_and_valid_ones_apply(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    make_source(spark, app_config, "sales", "orders")
+    spark.range(3).write.mode("overwrite").parquet(
+        f"{app_config.tables.warehouse}/sales/plain_parquet"
+    )
+    valid_before = message(100)
+    valid_after = message(101)
+    messages = [valid_before] + [m for m, _, _ in CASES] + [valid_after]
+    coordinates = produce_raw(app_config.kafka.bootstrap_servers, app_config.kafka.topic, messages)
+
+    run_once(spark, app_config)
+
+    rejects = table(spark, app_config, "rejects")
+    expected = spark.createDataFrame(
+        [
+            (app_config.kafka.topic, coordinates[i + 1][0], coordinates[i + 1][1], code.value)
+            for i, (_, code, _) in enumerate(CASES)
+        ],
+        "topic STRING, partition INT, offset LONG, error_code INT",
+    )
+    assert_df_equality(
+        rejects.select("topic", "partition", "offset", "error_code"),
+        expected,
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    reasons = {r["offset"]: r["reason"] for r in rejects.collect()}
+    for i, (_, _, words) in enumerate(CASES):
+        assert words in reasons[coordinates[i + 1][1]], (i, reasons[coordinates[i + 1][1]])
+    payloads = {r["offset"]: r["payload"] for r in rejects.collect()}
+    assert [payloads[coordinates[i + 1][1]] for i in range(len(CASES))] == [
+        None if m[1] is None else bytearray(m[1]) for m, _, _ in CASES
+    ]
+    assert rejects.schema == REJECTS_SCHEMA
+
+    jobs = catalog_df(spark, app_config).select("account_id", "database", "table", "job_name")
+    assert sorted(tuple(r) for r in jobs.collect()) == [
+        (1, "sales", "orders", "job_100"),
+        (1, "sales", "orders", "job_101"),
+    ]
+    # requests that could be identified are answered too
+    outcomes = {
+        r["request_id"]: r["outcome"] for r in table(spark, app_config, "requests").collect()
+    }
+    assert outcomes["req-100"] == outcomes["req-101"] == "applied"
+    assert outcomes["req-10"] == outcomes["req-13"] == "rejected"
+
+
+def test_an_update_that_breaks_the_spec_is_rejected_and_the_job_keeps_its_spec(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    make_source(spark, app_config, "sales", "orders")
+    key = JobKey(1, "sales", "orders", "job_1")
+    register = message(1)
+    bad_update = (
+        key.message_key,
+        json.dumps(
+            {
+                "version": 1,
+                "op": "update_spec",
+                "request_id": "upd",
+                "job": key.to_json(),
+                "spec": {"trigger": {"kind": "periodic"}},
+            }
+        ).encode(),
+    )
+    bad_columns = (
+        key.message_key,
+        json.dumps(
+            {
+                "version": 1,
+                "op": "update_spec",
+                "request_id": "upd2",
+                "job": key.to_json(),
+                "spec": {"iteration": {"consumer": {"options": {"columns": ["id", "ghost"]}}}},
+            }
+        ).encode(),
+    )
+    produce_raw(
+        app_config.kafka.bootstrap_servers,
+        app_config.kafka.topic,
+        [register, bad_update, bad_columns],
+    )
+    run_once(spark, app_config)
+
+    spec = json.loads(catalog_df(spark, app_config).first()["job_spec"])
+    assert spec["trigger"] == {"kind": "greedy"}
+    assert spec["iteration"]["consumer"]["options"]["columns"] is None
+    reasons = sorted(r["reason"] for r in table(spark, app_config, "rejects").collect())
+    assert "trigger.interval is required for a periodic trigger" in reasons[1]
+    assert "has no column(s) ['ghost']" in reasons[0]
