@@ -15,7 +15,14 @@ from typing import Any, TypeVar
 import pytest
 from pyspark.sql import SparkSession
 
-from lakeprop.config import AppConfig, KafkaConfig, SparkConfig, StateConfig, TablesConfig
+from lakeprop.config import (
+    AppConfig,
+    EngineConfig,
+    KafkaConfig,
+    SparkConfig,
+    StateConfig,
+    TablesConfig,
+)
 from lakeprop.localkafka import LocalKafka
 from lakeprop.session import build_session
 
@@ -73,6 +80,7 @@ def app_config(tmp_path: Path, kafka: LocalKafka) -> AppConfig:
             location=str(tmp_path / "state"), checkpoint_location=str(tmp_path / "checkpoint")
         ),
         tables=TablesConfig(resolution="path", warehouse=str(tmp_path / "warehouse")),
+        engine=EngineConfig(workers=2, iteration_timeout=120.0, retry_base=0.5, retry_max=4.0),
         tick_interval=1.0,
     )
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from lakeprop.catalog import JobCatalog
+from lakeprop.catalog import JobCatalog, JobState
 from lakeprop.config import AppConfig
+from lakeprop.history import IterationHistory
 from lakeprop.outcomes import OutcomeTables
 from lakeprop.runner import Runner
-from lakeprop.sources import SourceTables
-from lakeprop.state import CATALOG_TABLE, REJECTS_TABLE, REQUESTS_TABLE
+from lakeprop.scheduler import Scheduler
+from lakeprop.state import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.stream import start_query
+from lakeprop.tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +35,46 @@ class PropagationApp:
             config.state.table_path(REQUESTS_TABLE),
             config.state.table_path(REJECTS_TABLE),
         )
+        self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
+        self.scheduler: Scheduler | None = None
         self.runner = Runner(
+            spark,
+            config.engine,
             self.catalog,
             self.outcomes,
-            SourceTables(spark, config.tables),
+            Tables(spark, config.tables),
+            self.history,
+            None,
             config.kafka.max_message_bytes,
         )
 
     def prepare(self) -> None:
-        """Create the state tables if needed and load the catalog into memory."""
+        """Create the state tables, load the catalog, roll it forward from the history."""
         self.catalog.ensure()
         self.outcomes.ensure()
+        self.history.ensure()
         self.catalog.load()
+        self.roll_forward()
+
+    def roll_forward(self) -> int:
+        """Advance watermarks the consumers already reached (crash after the history write).
+
+        A successful iteration's history row is written after its consumers'
+        writes and before the catalog update; a crash between the last two leaves
+        the catalog behind the data, and this puts it level again.
+        """
+        reached = self.history.latest_success()
+        rows = {}
+        for row in self.catalog.rows():
+            done = reached.get(row.job_id)
+            if row.is_live and done and (row.watermark is None or done[0] > row.watermark):
+                rows[row.row_id] = replace(
+                    row, watermark=done[0], watermark_ts=done[1], job_state=JobState.COMPLETED.value
+                )
+        self.catalog.commit(rows)
+        if rows:
+            log.info("rolled %d job watermark(s) forward from the iteration history", len(rows))
+        return len(rows)
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         if self.config.kafka.create_topic:
@@ -51,6 +82,10 @@ class PropagationApp:
 
             ensure_topic(self.config.kafka)
         self.prepare()
+        engine = self.config.engine
+        if engine.enabled and self.scheduler is None:
+            self.scheduler = Scheduler(self.spark, engine.workers, engine.iteration_timeout)
+            self.runner.scheduler = self.scheduler
         query = start_query(
             self.spark, self.config, self.runner.process_batch, available_now=available_now
         )
@@ -84,6 +119,17 @@ class PropagationApp:
             if query.isActive:
                 log.info("stopping query %s", self.config.query_name)
                 query.stop()
+            self.shutdown()
         exception = query.exception()
         if exception is not None and not stop.is_set():
             raise RuntimeError(f"query {self.config.query_name} failed: {exception}")
+
+    def shutdown(self) -> None:
+        """Cancel running iterations, record what finished, stop the workers."""
+        if self.scheduler is None:
+            return
+        results = self.scheduler.shutdown()
+        self.runner.scheduler = None
+        self.scheduler = None
+        self.runner.record_results(results)
+        self.catalog.commit_staged()

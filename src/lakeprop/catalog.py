@@ -123,6 +123,11 @@ class CatalogRow:
     def spec(self) -> JobSpec:
         return JobSpec.from_json(json.loads(self.job_spec))
 
+    def consumer_spec(self) -> str:
+        """Canonical JSON of the job's consumer (type and options)."""
+        consumer = json.loads(self.job_spec)["iteration"]["consumer"]
+        return json.dumps(consumer, sort_keys=True, separators=(",", ":"))
+
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f.name) for f in CATALOG_SCHEMA.fields)
 
@@ -151,6 +156,9 @@ SourceCheck = Callable[[JobKey, JobSpec], str]
 class ApplyResult:
     upserts: dict[RowId, CatalogRow] = field(default_factory=dict)
     verdicts: list[Verdict] = field(default_factory=list)
+    cancel: set[RowId] = field(default_factory=set)
+    """Jobs whose queued or running iteration must stop: dropped, interrupted by an
+    update, or given a new consumer (which restarts them from a snapshot)."""
 
 
 def _already_applied(rows: Sequence[CatalogRow], record: LogRecord) -> bool:
@@ -180,7 +188,9 @@ def apply_commands(
     * register creates a job (state ``completed``, no watermark); a second
       register of a live job is ``already_exists``;
     * unregister sets ``drop_at`` (the row is garbage-collected later);
-    * update_spec fills the empty fields of the new spec from the current one.
+    * update_spec fills the empty fields of the new spec from the current one. A new
+      consumer (type or options) restarts the job from a snapshot; an update also
+      repairs a job in state ``error``.
 
     Commands already reflected in the rows are skipped. A command with a
     ``recorded`` verdict (a replay) gets that verdict again instead of being
@@ -245,13 +255,22 @@ def apply_commands(
                 verdict(Outcome.NOT_FOUND, f"no live job {cmd.key}")
             elif cmd.op is Operation.UNREGISTER:
                 put(replace(live, drop_at=cmd.record.timestamp).touched_by(cmd.record))
+                result.cancel.add(live.row_id)
                 verdict(Outcome.APPLIED, "unregistered", job_id=live.job_id)
             else:
                 assert cmd.spec_update is not None
                 merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
                 if prior is None:
                     check(cmd.key, merged)
-                put(replace(live, job_spec=merged.canonical()).touched_by(cmd.record))
+                updated = replace(live, job_spec=merged.canonical())
+                if updated.consumer_spec() != live.consumer_spec():
+                    updated = replace(updated, watermark=None, watermark_ts=None)
+                    result.cancel.add(live.row_id)
+                if cmd.interrupt:
+                    result.cancel.add(live.row_id)
+                if live.job_state == JobState.ERROR.value:
+                    updated = replace(updated, job_state=JobState.COMPLETED.value)
+                put(updated.touched_by(cmd.record))
                 verdict(Outcome.APPLIED, "spec updated", job_id=live.job_id)
         except LakepropError as exc:
             if exc.is_temporary:
@@ -261,12 +280,22 @@ def apply_commands(
 
 
 class JobCatalog:
-    """The catalog rows in memory, backed by a Delta table (the durable truth)."""
+    """The catalog rows in memory, backed by a Delta table (the durable truth).
+
+    Only the micro-batch thread changes it. Changes of one micro-batch are
+    staged in memory and written with one MERGE at its end
+    (:meth:`commit_staged`); if that write fails the query fails and a restart
+    reloads the table. Changes that need not be durable at once (a fresh
+    watermark time of an idle job) stay in memory until :meth:`flush`, as the
+    seed's in-memory watermark does.
+    """
 
     def __init__(self, spark: SparkSession, path: str) -> None:
         self.spark = spark
         self.path = path
         self._rows: dict[RowId, CatalogRow] = {}
+        self._dirty: set[RowId] = set()
+        self._staged: set[RowId] = set()
 
     def ensure(self) -> None:
         state.ensure_table(self.spark, self.path, CATALOG_SCHEMA)
@@ -278,6 +307,45 @@ class JobCatalog:
 
     def rows(self) -> list[CatalogRow]:
         return list(self._rows.values())
+
+    def by_id(self) -> Mapping[RowId, CatalogRow]:
+        return self._rows
+
+    def stage(self, rows: Mapping[RowId, CatalogRow]) -> None:
+        """Change rows in memory now; :meth:`commit_staged` writes them."""
+        self._rows.update(rows)
+        self._staged.update(rows)
+
+    def commit_staged(self) -> int:
+        staged = {rid: self._rows[rid] for rid in self._staged if rid in self._rows}
+        self._staged.clear()
+        self.commit(staged)
+        return len(staged)
+
+    def remember(self, rows: Iterable[CatalogRow]) -> None:
+        """Change rows in memory only; :meth:`flush` writes them later."""
+        for row in rows:
+            self._rows[row.row_id] = row
+            self._dirty.add(row.row_id)
+
+    def flush(self) -> int:
+        """Write the rows changed only in memory."""
+        dirty = {rid: self._rows[rid] for rid in self._dirty if rid in self._rows}
+        self.commit(dirty)
+        return len(dirty)
+
+    def delete(self, row_ids: Iterable[RowId]) -> None:
+        """Remove rows (garbage collection of dropped jobs)."""
+        doomed = [self._rows[rid] for rid in row_ids if rid in self._rows]
+        if not doomed:
+            return
+        state.delete(
+            self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in doomed], CATALOG_KEYS
+        )
+        for row in doomed:
+            self._rows.pop(row.row_id, None)
+            self._dirty.discard(row.row_id)
+            self._staged.discard(row.row_id)
 
     def commit(self, upserts: Mapping[RowId, CatalogRow]) -> None:
         """Write changed rows to Delta, then to memory (so a failed write changes neither)."""
@@ -291,3 +359,4 @@ class JobCatalog:
             CATALOG_KEYS,
         )
         self._rows.update(upserts)
+        self._dirty.difference_update(upserts)

@@ -133,6 +133,37 @@ class SparkConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """Trigger selection, scheduler, retries and housekeeping."""
+
+    enabled: bool = True
+    """False: only apply the change log to the catalog (no iterations run)."""
+    workers: int = 4
+    """Iterations that run at once (one thread and FAIR pool each)."""
+    iteration_timeout: float = 3600.0
+    """An iteration running longer is cancelled (its Spark jobs too) and retried."""
+    retry_base: float = 5.0
+    retry_max: float = 300.0
+    watermark_flush_interval: float = 3600.0
+    """How often fresh watermark times of idle jobs are written to the catalog."""
+    gc_interval: float = 3600.0
+    gc_retention: float = 86400.0
+    """Dropped jobs' catalog rows are removed this long after their drop."""
+
+    def __post_init__(self) -> None:
+        _positive(self.workers, "engine.workers")
+        for name in (
+            "iteration_timeout",
+            "retry_base",
+            "retry_max",
+            "watermark_flush_interval",
+            "gc_interval",
+            "gc_retention",
+        ):
+            _positive(getattr(self, name), f"engine.{name}")
+
+
+@dataclass(frozen=True)
 class AppConfig:
     """Everything the streaming app needs."""
 
@@ -141,6 +172,7 @@ class AppConfig:
     tables: TablesConfig = field(default_factory=TablesConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     local_broker: LocalBrokerConfig = field(default_factory=LocalBrokerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     tick_interval: float = 10.0
     """Seconds between micro-batches: the runner's scan interval (seed: 10 s)."""
     query_name: str = "lakeprop-changelog"
@@ -180,6 +212,18 @@ def _set_path(tree: dict[str, Any], dotted: str, raw: str) -> None:
     node[parts[-1]] = value
 
 
+_DURATIONS = {
+    "tick_interval",
+    "delivery_timeout",
+    "iteration_timeout",
+    "retry_base",
+    "retry_max",
+    "watermark_flush_interval",
+    "gc_interval",
+    "gc_retention",
+}
+
+
 def _same_kind(default: Any, value: Any) -> bool:
     """Whether a setting's value has the type of its default (scalars only)."""
     if isinstance(default, bool):
@@ -205,7 +249,7 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
             if not isinstance(value, dict):
                 raise InvalidConfigError(f"{path} must be a section")
             kwargs[name] = _build(type(default), value, path)
-        elif name in ("tick_interval", "delivery_timeout"):
+        elif name in _DURATIONS:
             try:
                 kwargs[name] = parse_duration(value, path)
             except LakepropError as exc:

@@ -177,6 +177,9 @@ class ConsumerInfo:
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "options": dict(self.options)}
 
+    def canonical(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
 
 @dataclass(frozen=True)
 class IterationDetail:

@@ -19,6 +19,7 @@ from pyspark.sql.types import StructType
 CATALOG_TABLE = "catalog"
 REQUESTS_TABLE = "requests"
 REJECTS_TABLE = "rejects"
+HISTORY_TABLE = "iterations"
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
@@ -71,5 +72,25 @@ def insert_new(
         .alias("t")
         .merge(source.alias("s"), _key_condition(keys))
         .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def delete(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    keys: Sequence[str],
+) -> None:
+    """Delete the rows with these keys."""
+    if not rows:
+        return
+    source = spark.createDataFrame(list(rows), schema).select(*keys)
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(source.alias("s"), _key_condition(keys))
+        .whenMatchedDelete()
         .execute()
     )

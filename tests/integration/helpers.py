@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lakeprop import state
 from lakeprop.app import PropagationApp
@@ -16,6 +19,7 @@ from lakeprop.changelog import LogRecord
 from lakeprop.client import Receipt
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey, JobSpec
+from tests.conftest import assert_eventually
 
 
 def run_once(spark: SparkSession, config: AppConfig) -> PropagationApp:
@@ -101,3 +105,74 @@ def replica_spec(**trigger: Any) -> JobSpec:
 def snapshot(df: DataFrame) -> list[str]:
     """Whole table content as sorted JSON lines (for byte-for-byte comparisons)."""
     return sorted(json.dumps(r.asDict(), sort_keys=True, default=str) for r in df.collect())
+
+
+# -- engine tests -------------------------------------------------------------------------
+
+SOURCE_SCHEMA = "id INT, name STRING, amount DOUBLE"
+
+
+@contextmanager
+def running(spark: SparkSession, config: AppConfig) -> Iterator[PropagationApp]:
+    """The app with a ticking query, stopped (query, then workers) on the way out."""
+    app = PropagationApp(spark, config)
+    query = app.start()
+    try:
+        yield app
+        assert query.exception() is None, query.exception()
+    finally:
+        if query.isActive:
+            query.stop()
+        app.shutdown()
+
+
+def cdf_source(spark: SparkSession, config: AppConfig, database: str, table: str) -> str:
+    """An empty source table with the Change Data Feed on; returns its path."""
+    path = f"{config.tables.warehouse}/{database}/{table}"
+    (
+        DeltaTable.create(spark)
+        .location(path)
+        .addColumns(spark.createDataFrame([], SOURCE_SCHEMA).schema)
+        .property("delta.enableChangeDataFeed", "true")
+        .execute()
+    )
+    return path
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    return int(DeltaTable.forPath(spark, path).history(1).first()["version"])
+
+
+def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> Any:
+    rows = (
+        catalog_df(spark, config)
+        .where(
+            (F.col("account_id") == key.account_id)
+            & (F.col("database") == key.database)
+            & (F.col("table") == key.table)
+            & (F.col("job_name") == key.job_name)
+            & F.col("drop_at").isNull()
+        )
+        .collect()
+    )
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def wait_for_watermark(
+    spark: SparkSession, config: AppConfig, key: JobKey, version: int, timeout: float = 90.0
+) -> Any:
+    def reached() -> Any:
+        row = job_row(spark, config, key)
+        assert row["watermark"] == version and row["job_state"] == "completed", (
+            row["watermark"],
+            row["job_state"],
+            row["job_status"],
+        )
+        return row
+
+    return assert_eventually(reached, timeout=timeout)
+
+
+def history(spark: SparkSession, config: AppConfig) -> DataFrame:
+    return table(spark, config, "iterations")

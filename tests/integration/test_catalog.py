@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from lakeprop.app import PropagationApp
 from lakeprop.catalog import JobState
 from lakeprop.changelog import LogRecord
 from lakeprop.client import LakepropClient
-from lakeprop.config import AppConfig
+from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.runner import BatchSummary
 from lakeprop.spec import JobKey, JobSpec
 from tests.conftest import assert_eventually
@@ -30,6 +31,13 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def app_config(app_config: AppConfig) -> AppConfig:
+    """The change log and catalog alone: no iterations run in these tests."""
+    return replace(app_config, engine=EngineConfig(enabled=False))
+
 
 KEY = JobKey(7, "sales", "orders", "orders_copy")
 

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from pyspark.sql import SparkSession
 
 from lakeprop import cli
 from lakeprop.client import LakepropClient
-from lakeprop.config import AppConfig, KafkaConfig
+from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.localkafka import free_port
 from lakeprop.spec import JobKey
 from tests.integration.helpers import make_source, replica_spec, run_once
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def app_config(app_config: AppConfig) -> AppConfig:
+    """The change log and catalog alone: no iterations run in these tests."""
+    return replace(app_config, engine=EngineConfig(enabled=False))
+
 
 KEY = JobKey(3, "shop", "items", "copy")
 

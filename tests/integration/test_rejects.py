@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop.config import AppConfig
+from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.outcomes import REJECTS_SCHEMA
 from lakeprop.spec import JobKey
@@ -17,6 +18,13 @@ from tests.conftest import produce_raw
 from tests.integration.helpers import catalog_df, make_source, run_once, table
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def app_config(app_config: AppConfig) -> AppConfig:
+    """The change log and catalog alone: no iterations run in these tests."""
+    return replace(app_config, engine=EngineConfig(enabled=False))
+
 
 VALID_SPEC = {
     "trigger": {"kind": "greedy"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -163,3 +164,34 @@ def test_a_replay_follows_recorded_verdicts_instead_of_rechecking() -> None:
     (row,) = result.upserts.values()
     assert (row.key, row.table_id) == (KEY, "id-then")
     assert outcomes(result) == [("r1", Outcome.APPLIED)]
+
+
+def test_drops_interrupts_and_new_consumers_cancel_the_jobs_iteration() -> None:
+    base = list(apply_commands([], [register(1)], check_ok).upserts.values())
+    synced = [replace(base[0], watermark=4)]
+    (row_id,) = [r.row_id for r in synced]
+
+    plain = apply_commands(synced, [update(2, {"iteration": {"priority": 3}})], check_ok)
+    assert plain.cancel == set() and plain.upserts[row_id].watermark == 4
+
+    interrupt = Command(Operation.UPDATE_SPEC, "r2", KEY, rec(2),
+                        spec_update={"iteration": {"priority": 3}}, interrupt=True)
+    assert apply_commands(synced, [interrupt], check_ok).cancel == {row_id}
+
+    new_consumer = apply_commands(
+        synced,
+        [update(2, {"iteration": {"consumer": {"options": {"columns": ["id"]}}}})],
+        check_ok,
+    )
+    assert new_consumer.cancel == {row_id}
+    assert new_consumer.upserts[row_id].watermark is None  # restarts from a snapshot
+
+    assert apply_commands(synced, [unregister(2)], check_ok).cancel == {row_id}
+
+
+def test_an_update_repairs_a_job_in_error() -> None:
+    base = list(apply_commands([], [register(1)], check_ok).upserts.values())
+    failed = [replace(base[0], job_state=JobState.ERROR.value, watermark=4)]
+    result = apply_commands(failed, [update(2, {"iteration": {"priority": 1}})], check_ok)
+    (row,) = result.upserts.values()
+    assert (row.job_state, row.watermark) == (JobState.COMPLETED.value, 4)

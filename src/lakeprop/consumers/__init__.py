@@ -1,19 +1,22 @@
 """The registry of consumer types.
 
 A consumer type is registered under a name that job specs refer to
-(``iteration.consumer.type``). At registration time of a job the service only
-needs what this module offers: validate the consumer's options and list the
-source columns they rely on, so that a bad spec is rejected before it reaches
-the catalog.
+(``iteration.consumer.type``). It validates the consumer's options and lists the
+source columns they rely on (so a bad spec is rejected before it reaches the
+catalog), and builds the consumer that an iteration hands the changes to. The
+contract a consumer keeps is in :mod:`lakeprop.consumers.base`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lakeprop.errors import ErrorCode, InvalidSpecError
+
+if TYPE_CHECKING:
+    from lakeprop.consumers.base import Consumer, ConsumerContext
 
 
 class InvalidConsumerOptionsError(InvalidSpecError):
@@ -37,6 +40,8 @@ class ConsumerType:
     """Return normalised options or raise :class:`InvalidConsumerOptionsError`."""
     source_columns: Callable[[Mapping[str, Any]], list[str]]
     """Source columns the (validated) options need; [] means no constraint."""
+    factory: Callable[[ConsumerContext], Consumer]
+    """Builds the consumer of one job for one iteration."""
 
 
 _REGISTRY: dict[str, ConsumerType] = {}

@@ -1,5 +1,10 @@
 """``replica``: a Delta copy of chosen columns of the source, keyed by primary key.
 
+A snapshot overwrites the target; a tail applies the last change of each key in
+the range with one MERGE (delete, update or insert), so the replica equals the
+source's chosen columns at the watermark version. Applying a range again, or an
+overlapping one, leaves the same result.
+
 Options::
 
     {"primary_key": ["id"],            # required, one or more source columns
@@ -11,10 +16,15 @@ Options::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import reduce
 from typing import Any
 
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
 from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
-from lakeprop.errors import InvalidIdentifierError
+from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
 from lakeprop.identifiers import validate_identifier
 
 _ALLOWED = {"primary_key", "columns", "target_database", "target_table"}
@@ -66,6 +76,79 @@ def source_columns(options: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def latest_change_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
+    """The last change of every key in commit order (pre-images dropped).
+
+    Within one commit a key may be deleted and inserted again (an overwrite
+    does that): the insert is the state the commit leaves, so it ranks last.
+    """
+    rank = F.when(F.col("_change_type") == "delete", 0).otherwise(1)
+    order = Window.partitionBy(*key).orderBy(F.desc("_commit_version"), F.desc("_rank"))
+    return (
+        changes.where(F.col("_change_type") != "update_preimage")
+        .withColumn("_rank", rank)
+        .withColumn("_n", F.row_number().over(order))
+        .where(F.col("_n") == 1)
+        .drop("_n", "_rank")
+    )
+
+
+class ReplicaConsumer(Consumer):
+    def __init__(self, context: ConsumerContext) -> None:
+        super().__init__(context)
+        options = context.options
+        self.key: list[str] = list(options["primary_key"])
+        self.columns: list[str] = list(options.get("columns") or context.source_columns)
+        self.target = context.locate(
+            options.get("target_database") or context.key.database,
+            options.get("target_table") or f"{context.key.table}_{context.key.job_name}",
+        )
+
+    def snapshot(self, rows: DataFrame, version: int) -> int:
+        data = rows.select(*self.columns)
+        writer = (
+            data.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .options(**self.context.writer_options(version))
+        )
+        self.target.save(writer)
+        return int(data.count())
+
+    def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        if not self.target.exists():
+            raise PermanentError(
+                f"replica target {self.target} is missing; re-register the job to rebuild it",
+                ErrorCode.TARGET_MISSING,
+            )
+        latest = (
+            latest_change_per_key(changes, self.key).select(*self.columns, "_change_type").persist()
+        )
+        try:
+            written = int(latest.count())
+            if written == 0:
+                return 0
+            on = reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in self.key])
+            values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in self.columns}
+            deleted = F.col("s._change_type") == "delete"
+            with self.context.idempotent(to_version):
+                (
+                    self.target.delta()
+                    .alias("t")
+                    .merge(latest.alias("s"), on)
+                    .whenMatchedDelete(condition=deleted)
+                    .whenMatchedUpdate(set=values)
+                    .whenNotMatchedInsert(condition=~deleted, values=values)
+                    .execute()
+                )
+            return written
+        finally:
+            latest.unpersist()
+
+
 CONSUMER_TYPE = ConsumerType(
-    name="replica", validate_options=validate_options, source_columns=source_columns
+    name="replica",
+    validate_options=validate_options,
+    source_columns=source_columns,
+    factory=ReplicaConsumer,
 )

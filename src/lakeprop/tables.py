@@ -1,6 +1,7 @@
-"""Source tables: from a job's (database, table) to a Delta table and its identity.
+"""Tables: from (database, table) to a Delta table, for sources and consumer targets.
 
-A job names its source by database and table. With ``tables.resolution =
+A job names its source by database and table, and consumers name their targets
+the same way. With ``tables.resolution =
 "path"`` that is the directory ``<warehouse>/<database>/<table>``; with
 ``"metastore"`` it is the session catalog's table (Hive metastore or Unity
 Catalog). The Delta table id is the table's identity (the seed's table_id): a
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, DataFrameWriter, SparkSession
 
 from lakeprop.config import TablesConfig
 from lakeprop.consumers import get_consumer_type
@@ -32,8 +33,42 @@ class SourceInfo:
     columns: tuple[str, ...]
 
 
-class SourceTables:
-    """Resolves and describes source tables; one lookup per table per micro-batch."""
+@dataclass(frozen=True)
+class TableHandle:
+    """A Delta table by path or by metastore name: read, write, check, open."""
+
+    spark: SparkSession
+    path: str | None
+    name: str | None
+
+    def __str__(self) -> str:
+        return self.name or str(self.path)
+
+    def exists(self) -> bool:
+        if self.path is not None:
+            return bool(DeltaTable.isDeltaTable(self.spark, self.path))
+        return bool(self.spark.catalog.tableExists(str(self.name)))
+
+    def delta(self) -> DeltaTable:
+        if self.path is not None:
+            return DeltaTable.forPath(self.spark, self.path)
+        return DeltaTable.forName(self.spark, str(self.name))
+
+    def reader(self) -> DataFrameReader:
+        return self.spark.read.format("delta")
+
+    def load(self, reader: DataFrameReader) -> DataFrame:
+        return reader.load(self.path) if self.path is not None else reader.table(str(self.name))
+
+    def save(self, writer: DataFrameWriter) -> None:
+        if self.path is not None:
+            writer.save(self.path)
+        else:
+            writer.saveAsTable(str(self.name))
+
+
+class Tables:
+    """Resolves and describes tables; source lookups are cached per micro-batch."""
 
     def __init__(self, spark: SparkSession, config: TablesConfig) -> None:
         self.spark = spark
@@ -43,6 +78,23 @@ class SourceTables:
     def path_for(self, database: str, table: str) -> str:
         qualified(database, table)  # validates both names before they reach a path
         return f"{self.config.warehouse.rstrip('/')}/{database}/{table}"
+
+    def handle(self, database: str, table: str, spark: SparkSession | None = None) -> TableHandle:
+        """The table (database, table) resolves to, bound to ``spark`` (a worker's session)."""
+        session = spark or self.spark
+        if self.config.resolution == "path":
+            return TableHandle(session, self.path_for(database, table), None)
+        parts = [p for p in (self.config.catalog, database, table) if p]
+        return TableHandle(session, None, qualified(*parts))
+
+    def location(self, database: str, table: str) -> str:
+        """Storage location of a table (for the log probe)."""
+        if self.config.resolution == "path":
+            return self.path_for(database, table)
+        detail = self.handle(database, table).delta().detail().select("location").first()
+        if detail is None:
+            raise SourceTableError(f"source {database}.{table} has no location")
+        return str(detail["location"])
 
     def _delta_table(self, database: str, table: str) -> tuple[str, DeltaTable]:
         if self.config.resolution == "path":

@@ -1,0 +1,118 @@
+"""The consumer contract: what a consumer receives and what it must guarantee.
+
+One consumer instance serves one job in one iteration. The engine calls exactly
+one of its two methods:
+
+``snapshot(rows, version)``
+    ``rows`` is the whole source table as of Delta version ``version`` (initial
+    sync, or a resync when the change feed can no longer be read). The consumer
+    replaces its target with what these rows imply.
+
+``apply_changes(changes, from_version, to_version)``
+    ``changes`` holds the Change Data Feed rows of versions ``(from_version,
+    to_version]``: the source columns plus ``_change_type`` (``insert``,
+    ``update_preimage``, ``update_postimage``, ``delete``), ``_commit_version``
+    and ``_commit_timestamp``. The consumer applies them in commit order.
+
+Both return the number of rows written (for the iteration history). The
+DataFrames are cached by the engine and shared with the other consumers of
+the iteration: read them, do not unpersist them.
+
+A consumer must
+
+* be **idempotent**: the same call with the same ``to_version`` may come again
+  after a crash, and must leave the target as one call would. Delta writes get
+  that from :meth:`ConsumerContext.idempotent` (MERGE, UPDATE, DELETE) and
+  :meth:`ConsumerContext.writer_options` (DataFrame writes);
+* be **replay-tolerant** across ranges: after a crash between its write and the
+  watermark update, it may get a range that overlaps the one it already applied;
+* raise :class:`~lakeprop.errors.LakepropError` with a temporary code (1-9999)
+  for trouble worth retrying and a permanent one (10000+) for trouble that needs
+  a person; any other exception counts as temporary;
+* know nothing of triggers, the scheduler or the catalog: the engine advances
+  the job's watermark after ``snapshot`` or ``apply_changes`` returns;
+* use ``context.spark`` (the worker's own session) for all Spark work, so that
+  cancelling the iteration cancels its Spark jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from lakeprop.spec import JobKey
+
+if TYPE_CHECKING:
+    from lakeprop.tables import TableHandle
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+@dataclass(frozen=True)
+class ConsumerContext:
+    """Everything a consumer may use."""
+
+    spark: SparkSession
+    key: JobKey
+    job_id: int
+    consumer_type: str
+    options: Mapping[str, Any]
+    source_columns: tuple[str, ...]
+    locate: Callable[[str, str], TableHandle]
+    """(database, table) -> the table, bound to ``spark``."""
+    cancelled: Callable[[], bool]
+    """True once the iteration was cancelled; long Python loops should check it."""
+
+    @property
+    def txn_app_id(self) -> str:
+        """Delta transaction app id: one per job and consumer configuration.
+
+        A new configuration (update_spec of the consumer) gets a new id, so its
+        first snapshot is not mistaken for a write already done.
+        """
+        digest = hashlib.sha256(
+            json.dumps([self.consumer_type, self.options], sort_keys=True).encode()
+        ).hexdigest()[:12]
+        return f"lakeprop-{self.job_id}-{digest}"
+
+    def writer_options(self, version: int) -> dict[str, str]:
+        """Options that make a DataFrame write to Delta happen once per version."""
+        return {"txnAppId": self.txn_app_id, "txnVersion": str(version)}
+
+    @contextmanager
+    def idempotent(self, version: int) -> Iterator[None]:
+        """Make the Delta MERGE/UPDATE/DELETE inside happen once per version.
+
+        The confs are per session, and every worker has its own session, so no
+        other thread sees them. They are unset on the way out.
+        """
+        self.spark.conf.set(TXN_APP_ID, self.txn_app_id)
+        self.spark.conf.set(TXN_VERSION, str(version))
+        try:
+            yield
+        finally:
+            self.spark.conf.unset(TXN_APP_ID)
+            self.spark.conf.unset(TXN_VERSION)
+
+
+class Consumer(ABC):
+    """Base class of consumers; see the module docstring for the contract."""
+
+    def __init__(self, context: ConsumerContext) -> None:
+        self.context = context
+
+    @abstractmethod
+    def snapshot(self, rows: DataFrame, version: int) -> int:
+        """Replace the target with what the source holds at ``version``."""
+
+    @abstractmethod
+    def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        """Apply the changes of versions ``(from_version, to_version]``."""

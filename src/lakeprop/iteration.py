@@ -1,0 +1,253 @@
+"""One iteration: read a table's changes once and hand them to every consumer.
+
+A tail iteration reads the Change Data Feed of ``(from, to]`` with the end
+version pinned (an open end would re-resolve "latest" at every action), caches
+it, and gives each member its own slice (changes after that member's
+watermark). A snapshot iteration hands over the table as of ``to``. When the
+range can no longer be read (vacuumed, past log retention, change feed off),
+the iteration becomes a snapshot at the same version: a full resync, recorded
+as such. Missing files are never skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop.consumers import get_consumer_type
+from lakeprop.consumers.base import ConsumerContext
+from lakeprop.errors import ErrorCode, LakepropError
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.tables import TableHandle
+from lakeprop.triggers import IterationKind, IterationPlan, Member
+
+log = logging.getLogger(__name__)
+
+_UNREADABLE_RANGE = (
+    "DELTA_CHANGE_DATA_FILE_NOT_FOUND",
+    "DELTA_MISSING_CHANGE_DATA",
+    "DELTA_CHANGE_TABLE_FEED_DISABLED",
+    "DELTA_VERSIONS_NOT_CONTIGUOUS",
+    "DELTA_FILE_NOT_FOUND",
+    "VersionNotFoundException",
+    "FileNotFoundException",
+    "change data was not recorded",
+    "not enabled for change data feed",
+)
+
+
+class CancelToken:
+    """Set when an iteration is cancelled (timeout, unregister, update, shutdown)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+        self.code = ErrorCode.ITERATION_CANCELED
+
+    def cancel(self, reason: str, code: ErrorCode = ErrorCode.ITERATION_CANCELED) -> None:
+        if not self._event.is_set():
+            self.reason, self.code = reason, code
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass(frozen=True)
+class MemberJob:
+    """A member of the plan together with what its consumer needs."""
+
+    member: Member
+    key: JobKey
+    spec: JobSpec
+
+
+@dataclass
+class MemberResult:
+    ref: Any
+    job_id: int
+    consumer_type: str
+    rows_written: int = 0
+    error_code: int = 0
+    error_msg: str = ""
+    consumer_spec: str = ""
+    """Canonical JSON of the consumer (type and options) the member ran with."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code == 0
+
+
+@dataclass
+class IterationResult:
+    plan: IterationPlan
+    kind: IterationKind
+    started_at: float
+    ended_at: float = 0.0
+    rows_read: int = 0
+    source_scans: int = 0
+    resync_reason: str = ""
+    members: list[MemberResult] = field(default_factory=list)
+    canceled: bool = False
+
+    @property
+    def outcome(self) -> str:
+        if self.canceled:
+            return "canceled"
+        failed = sum(not m.ok for m in self.members)
+        if failed == 0:
+            return "success"
+        return "failed" if failed == len(self.members) else "partial"
+
+
+def _unreadable(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in _UNREADABLE_RANGE)
+
+
+def _error(exc: BaseException, token: CancelToken) -> tuple[int, str]:
+    if token.cancelled:
+        return int(token.code), token.reason
+    if isinstance(exc, LakepropError):
+        return exc.code, str(exc)
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return int(ErrorCode.CONSUMER_ERROR), f"{type(exc).__name__}: {first_line[:1000]}"
+
+
+def run_iteration(
+    spark: SparkSession,
+    plan: IterationPlan,
+    jobs: Sequence[MemberJob],
+    source: TableHandle,
+    locate: Callable[[str, str], TableHandle],
+    token: CancelToken,
+) -> IterationResult:
+    """Run one iteration in the calling (worker) thread with its own session."""
+    result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
+    data: DataFrame | None = None
+    try:
+        if plan.kind is IterationKind.TAIL:
+            try:
+                data = _read_changes(source, plan)
+                result.source_scans += 1
+                result.rows_read = int(data.count())
+            except Exception as exc:
+                if data is not None:
+                    data.unpersist()
+                    data = None
+                if token.cancelled or not _unreadable(exc):
+                    raise
+                result.kind = IterationKind.SNAPSHOT
+                result.resync_reason = (
+                    f"changes of versions {plan.from_version}..{plan.to_version} are no longer "
+                    f"readable, resynced from a snapshot: {str(exc).splitlines()[0][:300]}"
+                )
+                log.warning(
+                    "iteration %s on %s: %s", plan.iteration_id, plan.table, result.resync_reason
+                )
+        if result.kind is IterationKind.SNAPSHOT:
+            data = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
+            result.source_scans += 1
+            result.rows_read = int(data.count())
+        assert data is not None
+        for job in jobs:
+            result.members.append(_consume(spark, result.kind, plan, job, data, locate, token))
+    except Exception as exc:
+        code, message = _error(exc, token)
+        if not token.cancelled and not source.exists():
+            code, message = (
+                int(ErrorCode.SOURCE_NOT_DELTA),
+                f"source {source} no longer exists or is not a Delta table; re-register the job",
+            )
+        done = {m.job_id for m in result.members}
+        result.members += [
+            MemberResult(
+                j.member.ref,
+                j.member.job_id,
+                j.spec.iteration.consumer.type,
+                0,
+                code,
+                message,
+                j.spec.iteration.consumer.canonical(),
+            )
+            for j in jobs
+            if j.member.job_id not in done
+        ]
+    finally:
+        if data is not None:
+            data.unpersist()
+        result.canceled = token.cancelled
+        result.ended_at = time.time()
+    return result
+
+
+def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:
+    assert plan.from_version is not None
+    reader = (
+        source.reader()
+        .option("readChangeFeed", "true")
+        .option("startingVersion", plan.from_version + 1)
+        .option("endingVersion", plan.to_version)
+    )
+    return source.load(reader).persist()
+
+
+def _consume(
+    spark: SparkSession,
+    kind: IterationKind,
+    plan: IterationPlan,
+    job: MemberJob,
+    data: DataFrame,
+    locate: Callable[[str, str], TableHandle],
+    token: CancelToken,
+) -> MemberResult:
+    consumer_info = job.spec.iteration.consumer
+    result = MemberResult(
+        job.member.ref,
+        job.member.job_id,
+        consumer_info.type,
+        consumer_spec=consumer_info.canonical(),
+    )
+    if token.cancelled:
+        result.error_code, result.error_msg = int(token.code), token.reason
+        return result
+    context = ConsumerContext(
+        spark=spark,
+        key=job.key,
+        job_id=job.member.job_id,
+        consumer_type=consumer_info.type,
+        options=consumer_info.options,
+        source_columns=tuple(
+            c for c in data.columns if not c.startswith("_commit") and c != "_change_type"
+        ),
+        locate=lambda database, table: locate(database, table),
+        cancelled=lambda: token.cancelled,
+    )
+    try:
+        consumer = get_consumer_type(consumer_info.type).factory(context)
+        if kind is IterationKind.SNAPSHOT:
+            result.rows_written = consumer.snapshot(data, plan.to_version)
+        else:
+            start = job.member.from_version
+            assert start is not None
+            changes = data.where(F.col("_commit_version") > start)
+            result.rows_written = consumer.apply_changes(changes, start, plan.to_version)
+    except Exception as exc:
+        result.error_code, result.error_msg = _error(exc, token)
+        log.warning(
+            "job %s (%s) failed in iteration %s: [%s] %s",
+            job.key,
+            consumer_info.type,
+            plan.iteration_id,
+            result.error_code,
+            result.error_msg,
+        )
+    return result

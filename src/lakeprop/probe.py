@@ -1,0 +1,79 @@
+"""Cheap change detection on Delta tables: file-system metadata, no Spark job.
+
+A Delta table has a version after ``v`` exactly when its log holds the commit
+file ``_delta_log/<v+1>.json``: one existence check per table per tick. Old
+commit files are removed by log clean-up once a checkpoint covers them, so when
+that file is missing the checkpoint pointer is consulted too. The latest version
+is found by listing the log, which happens only for tables that did change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+
+
+class DeltaLogProbe:
+    """Reads Delta log metadata through the Hadoop file system of the session."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._jvm: Any = spark.sparkContext._jvm
+        self._conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+        self._fs: dict[str, Any] = {}
+
+    def _log_path(self, location: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/_delta_log")
+
+    def _filesystem(self, path: Any) -> Any:
+        key = str(path.toUri().getScheme()) + "://" + str(path.toUri().getAuthority())
+        if key not in self._fs:
+            self._fs[key] = path.getFileSystem(self._conf)
+        return self._fs[key]
+
+    def _checkpoint_version(self, log: Any) -> int | None:
+        fs = self._filesystem(log)
+        pointer = self._jvm.org.apache.hadoop.fs.Path(log, "_last_checkpoint")
+        if not fs.exists(pointer):
+            return None
+        stream = fs.open(pointer)
+        try:
+            reader = self._jvm.java.io.BufferedReader(
+                self._jvm.java.io.InputStreamReader(stream, "UTF-8")
+            )
+            line = reader.readLine()
+        finally:
+            stream.close()
+        try:
+            return int(json.loads(line)["version"]) if line else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def has_version_after(self, location: str, version: int) -> bool:
+        """True when the table has a commit later than ``version``."""
+        log = self._log_path(location)
+        fs = self._filesystem(log)
+        if fs.exists(self._jvm.org.apache.hadoop.fs.Path(log, f"{version + 1:020d}.json")):
+            return True
+        checkpoint = self._checkpoint_version(log)
+        return checkpoint is not None and checkpoint > version
+
+    def latest_version(self, location: str) -> int | None:
+        """The table's latest version, or None when it has no log (not a Delta table)."""
+        log = self._log_path(location)
+        fs = self._filesystem(log)
+        if not fs.exists(log):
+            return None
+        latest: int | None = None
+        for status in fs.listStatus(log):
+            name = status.getPath().getName()
+            match = _COMMIT.match(name) or _CHECKPOINT.match(name)
+            if match:
+                version = int(match.group(1))
+                latest = version if latest is None else max(latest, version)
+        return latest

@@ -1,0 +1,236 @@
+"""The scheduler: a pool of workers running iterations as concurrent Spark jobs.
+
+* Each worker is a thread with its own SparkSession (``newSession``: SQL confs
+  such as Delta's transaction ids stay apart) and its own FAIR pool.
+* The queue is ordered by priority (higher first), then by arrival.
+* A table is a path (seed 002): its tail iterations run one at a time, in
+  order; initial-sync snapshots of new jobs run beside them. Different tables
+  run in parallel, up to the worker count.
+* Every iteration runs in a Spark job group, so cancelling it (timeout,
+  unregister, update_spec with interrupt, shutdown) really stops its Spark jobs,
+  instead of only freeing the worker as in seed 000.
+
+The scheduler knows nothing of triggers, the catalog or consumers: it runs the
+callables it is given and hands their results back through :meth:`drain`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import InheritableThread
+from pyspark.sql import SparkSession
+
+from lakeprop.errors import ErrorCode
+from lakeprop.iteration import CancelToken, IterationResult, MemberResult
+from lakeprop.triggers import IterationKind, IterationPlan, TableRef
+
+log = logging.getLogger(__name__)
+
+Work = Callable[[SparkSession, CancelToken], IterationResult]
+
+
+@dataclass
+class _Task:
+    plan: IterationPlan
+    work: Work
+    consumer_types: dict[int, str]
+    seq: int
+    token: CancelToken = field(default_factory=CancelToken)
+    started_at: float | None = None
+
+    @property
+    def serial(self) -> bool:
+        return self.plan.kind is IterationKind.TAIL
+
+
+class Scheduler:
+    """Runs submitted iterations on ``workers`` threads; see the module docstring."""
+
+    def __init__(self, spark: SparkSession, workers: int, timeout_s: float) -> None:
+        self.spark = spark
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._queued: list[_Task] = []
+        self._running: dict[str, _Task] = {}
+        self._busy_tables: set[TableRef] = set()
+        self._done: queue.Queue[IterationResult] = queue.Queue()
+        self._undrained: dict[str, set[Any]] = {}
+        """Members of finished iterations whose results were not drained yet: still in
+        flight for trigger selection, whose catalog does not show their progress yet."""
+        self._seq = itertools.count()
+        self._closed = False
+        self._threads = [
+            InheritableThread(
+                target=self._work_loop, args=(i,), name=f"lakeprop-worker-{i}", daemon=True
+            )
+            for i in range(workers)
+        ]
+        self._watchdog = InheritableThread(
+            target=self._watch, name="lakeprop-watchdog", daemon=True
+        )
+        for thread in [*self._threads, self._watchdog]:
+            thread.start()
+
+    # -- producer side ------------------------------------------------------------------
+
+    def submit(self, plan: IterationPlan, work: Work, consumer_types: dict[int, str]) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("scheduler is shut down")
+            self._queued.append(_Task(plan, work, consumer_types, next(self._seq)))
+            self._cond.notify_all()
+
+    def in_flight(self) -> set[Any]:
+        """Refs of every job in a queued, running or finished but undrained iteration."""
+        with self._cond:
+            tasks = [*self._queued, *self._running.values()]
+            refs = {m.ref for t in tasks for m in t.plan.members}
+            return refs.union(*self._undrained.values())
+
+    def running(self) -> set[Any]:
+        """Refs of every job in a running iteration."""
+        with self._cond:
+            return {m.ref for t in self._running.values() for m in t.plan.members}
+
+    def cancel(self, refs: set[Any], reason: str) -> int:
+        """Cancel queued and running iterations that include any of these jobs."""
+        cancelled = 0
+        with self._cond:
+            for task in [t for t in self._queued if any(m.ref in refs for m in t.plan.members)]:
+                self._queued.remove(task)
+                task.token.cancel(reason)
+                self._done.put(_cancelled_result(task))
+                cancelled += 1
+            for task in self._running.values():
+                if any(m.ref in refs for m in task.plan.members):
+                    self._stop(task, reason, ErrorCode.ITERATION_CANCELED)
+                    cancelled += 1
+        return cancelled
+
+    def drain(self) -> list[IterationResult]:
+        """Results of the iterations that ended since the last call."""
+        results: list[IterationResult] = []
+        with self._cond:
+            while True:
+                try:
+                    result = self._done.get_nowait()
+                except queue.Empty:
+                    return results
+                self._undrained.pop(result.plan.iteration_id, None)
+                results.append(result)
+
+    def shutdown(self, timeout: float = 60.0) -> list[IterationResult]:
+        """Cancel everything, wait for the workers, return what ended meanwhile."""
+        with self._cond:
+            self._closed = True
+            for task in self._queued:
+                task.token.cancel("service shutting down")
+                self._done.put(_cancelled_result(task))
+            self._queued.clear()
+            for task in self._running.values():
+                self._stop(task, "service shutting down", ErrorCode.ITERATION_CANCELED)
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return self.drain()
+
+    # -- worker side --------------------------------------------------------------------
+
+    def _next(self) -> _Task | None:
+        runnable = [t for t in self._queued if not (t.serial and t.plan.table in self._busy_tables)]
+        if not runnable:
+            return None
+        task = min(runnable, key=lambda t: (-t.plan.priority, t.seq))
+        self._queued.remove(task)
+        if task.serial:
+            self._busy_tables.add(task.plan.table)
+        task.started_at = time.monotonic()
+        self._running[task.plan.iteration_id] = task
+        return task
+
+    def _work_loop(self, index: int) -> None:
+        session = self.spark.newSession()
+        context = session.sparkContext
+        context.setLocalProperty("spark.scheduler.pool", f"lakeprop-{index}")
+        while True:
+            with self._cond:
+                task = self._next()
+                while task is None:
+                    if self._closed:
+                        return
+                    self._cond.wait()
+                    task = self._next()
+            plan = task.plan
+            context.setJobGroup(
+                plan.iteration_id,
+                f"lakeprop {plan.kind.value} {plan.table}",
+                interruptOnCancel=True,
+            )
+            try:
+                result = task.work(session, task.token)
+            except Exception as exc:  # the work reports its own errors; this is a bug guard
+                log.exception("iteration %s crashed", plan.iteration_id)
+                result = _cancelled_result(
+                    task, f"iteration crashed: {exc}", ErrorCode.CONSUMER_ERROR
+                )
+            with self._cond:
+                self._running.pop(plan.iteration_id, None)
+                if task.serial:
+                    self._busy_tables.discard(plan.table)
+                self._undrained[plan.iteration_id] = {m.ref for m in plan.members}
+                self._done.put(result)
+                self._cond.notify_all()
+
+    def _stop(self, task: _Task, reason: str, code: ErrorCode) -> None:
+        task.token.cancel(reason, code)
+        self.spark.sparkContext.cancelJobGroup(task.plan.iteration_id)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._cond:
+                if self._closed and not self._running:
+                    return
+                now = time.monotonic()
+                for task in list(self._running.values()):
+                    started = task.started_at or now
+                    if now - started > self.timeout_s and not task.token.cancelled:
+                        log.warning(
+                            "iteration %s on %s timed out after %.0fs; cancelling",
+                            task.plan.iteration_id,
+                            task.plan.table,
+                            self.timeout_s,
+                        )
+                        self._stop(
+                            task,
+                            f"iteration timed out after {self.timeout_s:.0f}s",
+                            ErrorCode.ITERATION_TIMEOUT,
+                        )
+
+
+def _cancelled_result(
+    task: _Task, reason: str | None = None, code: ErrorCode | None = None
+) -> IterationResult:
+    now = time.time()
+    message = reason or task.token.reason
+    error = int(code or task.token.code)
+    return IterationResult(
+        plan=task.plan,
+        kind=task.plan.kind,
+        started_at=now,
+        ended_at=now,
+        canceled=code is None,
+        members=[
+            MemberResult(m.ref, m.job_id, task.consumer_types.get(m.job_id, ""), 0, error, message)
+            for m in task.plan.members
+        ],
+    )

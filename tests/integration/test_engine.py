@@ -1,0 +1,169 @@
+"""The propagation engine end to end: change log -> iterations -> replicas."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+
+import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from lakeprop.client import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey
+from tests.integration.helpers import (
+    SOURCE_SCHEMA,
+    cdf_source,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def replica(primary_key: list[str], trigger: dict[str, object], **options: object) -> dict:
+    return {
+        "trigger": trigger,
+        "iteration": {
+            "consumer": {"type": "replica", "options": {"primary_key": primary_key, **options}}
+        },
+    }
+
+
+def source_at(spark: SparkSession, path: str, version: int, columns: list[str]):
+    return spark.read.format("delta").option("versionAsOf", version).load(path).select(*columns)
+
+
+def target(spark: SparkSession, config: AppConfig, database: str, table: str):
+    return spark.read.format("delta").load(f"{config.tables.warehouse}/{database}/{table}")
+
+
+def commit_steps(spark: SparkSession, path: str) -> list[Callable[[], None]]:
+    """Insert, update, delete and a merge that updates and inserts: one commit each."""
+    table = DeltaTable.forPath(spark, path)
+    changes = spark.createDataFrame(
+        [(2, "two", 2.5), (21, "n21", 21.0), (22, "n22", 22.0)], SOURCE_SCHEMA
+    )
+    return [
+        lambda: (
+            spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(1, 21)], SOURCE_SCHEMA)
+            .write.format("delta")
+            .mode("append")
+            .save(path)
+        ),
+        lambda: table.update("id % 3 = 0", {"amount": "amount * 10", "name": "concat(name, '!')"}),
+        lambda: table.delete("id % 5 = 0"),
+        lambda: (
+            table.alias("t")
+            .merge(changes.alias("s"), "t.id = s.id")
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        ),
+    ]
+
+
+def test_three_trigger_kinds_keep_their_replicas_equal_to_the_source(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    path = cdf_source(spark, app_config, "shop", "orders")
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    jobs = {
+        JobKey(1, "shop", "orders", "dflt"): replica(["id"], {"kind": "default"}),
+        JobKey(1, "shop", "orders", "greedy"): replica(
+            ["id"], {"kind": "greedy"}, columns=["id", "name"]
+        ),
+        JobKey(1, "shop", "orders", "every2s"): replica(
+            ["id"], {"kind": "periodic", "interval": "2s"}, target_table="orders_periodic"
+        ),
+    }
+    columns = {
+        "dflt": ["id", "name", "amount"],
+        "greedy": ["id", "name"],
+        "every2s": ["id", "name", "amount"],
+    }
+    targets = {"dflt": "orders_dflt", "greedy": "orders_greedy", "every2s": "orders_periodic"}
+    for key, spec in jobs.items():
+        client.register_job(key, spec)
+
+    with running(spark, app_config):
+        for key in jobs:
+            wait_for_watermark(spark, app_config, key, 0)
+        for step in commit_steps(spark, path):
+            step()
+            version = latest_version(spark, path)
+            for key in jobs:
+                row = wait_for_watermark(spark, app_config, key, version)
+                assert_df_equality(
+                    target(spark, app_config, "shop", targets[key.job_name]),
+                    source_at(spark, path, row["watermark"], columns[key.job_name]),
+                    ignore_row_order=True,
+                )
+
+    iterations = history(spark, app_config).collect()
+    assert {r["outcome"] for r in iterations} == {"success"}
+    assert all(r["source_scans"] == 1 for r in iterations)
+    snapshots = [r for r in iterations if r["kind"] == "snapshot"]
+    assert sorted(m["job_name"] for r in snapshots for m in r["members"]) == [
+        "dflt",
+        "every2s",
+        "greedy",
+    ]
+    # every job's tail iterations cover its versions without gap or overlap
+    for name in ("dflt", "greedy", "every2s"):
+        ranges = sorted(
+            (m["from_version"], r["to_version"])
+            for r in iterations
+            if r["kind"] == "tail"
+            for m in r["members"]
+            if m["job_name"] == name
+        )
+        assert ranges[0][0] == 0 and ranges[-1][1] == latest_version(spark, path)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
+
+
+def test_one_scan_is_shared_by_every_default_job_of_a_table(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    path = cdf_source(spark, app_config, "shop", "items")
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    keys = [JobKey(2, "shop", "items", f"copy{i}") for i in range(3)]
+    with running(spark, app_config):
+        for key in keys:
+            client.register_job(key, replica(["id"], {"kind": "default"}))
+        for key in keys:
+            wait_for_watermark(spark, app_config, key, 0)
+        spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SOURCE_SCHEMA).write.format(
+            "delta"
+        ).mode("append").save(path)
+        for key in keys:
+            wait_for_watermark(spark, app_config, key, 1)
+
+    tails = [r for r in history(spark, app_config).collect() if r["kind"] == "tail"]
+    assert len(tails) == 1
+    (tail,) = tails
+    assert (tail["from_version"], tail["to_version"], tail["rows_read"], tail["source_scans"]) == (
+        0,
+        1,
+        2,
+        1,
+    )
+    assert sorted((m["job_name"], m["rows_written"], m["error_code"]) for m in tail["members"]) == [
+        ("copy0", 2, 0),
+        ("copy1", 2, 0),
+        ("copy2", 2, 0),
+    ]
+    status = json.loads(
+        spark.read.format("delta")
+        .load(app_config.state.table_path("catalog"))
+        .where("job_name = 'copy1'")
+        .first()["job_status"]
+    )
+    assert status["consumers"] == [
+        {"type": "replica", "rows_written": 2, "error_code": 0, "error_msg": ""}
+    ]

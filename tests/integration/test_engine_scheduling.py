@@ -1,0 +1,135 @@
+"""Trigger selection on real tables: quiet tables, periodic jobs, lagging jobs, GC."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import SparkSession
+
+from lakeprop.client import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.runner import SELECTION_JOB_GROUP
+from lakeprop.spec import JobKey
+from tests.conftest import assert_eventually
+from tests.integration.helpers import (
+    SOURCE_SCHEMA,
+    catalog_df,
+    cdf_source,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def replica(kind: str, **trigger: object) -> dict:
+    return {
+        "trigger": {"kind": kind, **trigger},
+        "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
+    }
+
+
+def append(spark: SparkSession, path: str, ids: range) -> int:
+    spark.createDataFrame([(i, f"n{i}", float(i)) for i in ids], SOURCE_SCHEMA).write.format(
+        "delta"
+    ).mode("append").save(path)
+    return latest_version(spark, path)
+
+
+def test_quiet_tables_launch_no_spark_job_periodic_jobs_wait_and_dropped_jobs_are_collected(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    config = replace(
+        app_config, engine=replace(app_config.engine, gc_interval=1.0, gc_retention=2.0)
+    )
+    busy = cdf_source(spark, config, "s", "busy")
+    cdf_source(spark, config, "s", "quiet")
+    client = LakepropClient(config.kafka, config.state, spark)
+    dflt, every = JobKey(1, "s", "busy", "dflt"), JobKey(1, "s", "busy", "every")
+    quiet = [JobKey(1, "s", "quiet", f"q{i}") for i in range(3)]
+    client.register_job(dflt, replica("default"))
+    client.register_job(every, replica("periodic", interval="6s"))
+    for key in quiet:
+        client.register_job(key, replica("greedy"))
+
+    with running(spark, config) as app:
+        for key in [dflt, every, *quiet]:
+            wait_for_watermark(spark, config, key, 0)
+        spark.sparkContext.setJobGroup("test-sanity", "a job the tracker must see")
+        spark.range(1).count()
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup("test-sanity")
+
+        every_row = next(r for r in app.catalog.rows() if r.key == every)
+        fresh_since = every_row.watermark_ts.timestamp()
+        version = append(spark, busy, range(5))
+        wait_for_watermark(spark, config, dflt, version)
+        wait_for_watermark(spark, config, every, version)
+        # the periodic job waited for its interval, the default one did not
+        tails = {
+            m["job_name"]: r["started_at"].timestamp()
+            for r in history(spark, config).collect()
+            if r["kind"] == "tail"
+            for m in r["members"]
+        }
+        assert tails["every"] >= fresh_since + 6.0 - 0.01, (tails, fresh_since)
+        assert tails["dflt"] < tails["every"]
+
+        # quiet tables: probed every tick, but no Spark job and no iteration
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup(SELECTION_JOB_GROUP) == []
+        quiet_tails = [
+            r
+            for r in history(spark, config).collect()
+            if r["table"] == "quiet" and r["kind"] == "tail"
+        ]
+        assert quiet_tails == []
+
+        # dropped jobs are removed from the catalog after the retention
+        client.unregister_job(quiet[0])
+
+        def collected() -> None:
+            names = [r["job_name"] for r in catalog_df(spark, config).collect()]
+            assert "q0" not in names and "q1" in names
+
+        assert_eventually(collected, timeout=30)
+
+
+def test_a_lagging_job_catches_up_and_then_shares_the_groups_iterations(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    path = cdf_source(spark, app_config, "s", "lag")
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    first, late = JobKey(1, "s", "lag", "first"), JobKey(1, "s", "lag", "late")
+    client.register_job(first, replica("default"))
+    with running(spark, app_config):
+        wait_for_watermark(spark, app_config, first, 0)
+    # while the service is down: more commits, and a second default job
+    append(spark, path, range(0, 5))
+    version = append(spark, path, range(5, 10))
+    client.register_job(late, replica("default"))
+
+    with running(spark, app_config):
+        wait_for_watermark(spark, app_config, first, version)
+        wait_for_watermark(spark, app_config, late, version)
+        final = append(spark, path, range(10, 12))
+        wait_for_watermark(spark, app_config, first, final)
+        wait_for_watermark(spark, app_config, late, final)
+
+    rows = history(spark, app_config).orderBy("started_at").collect()
+    late_runs = [
+        (r["kind"], r["to_version"]) for r in rows for m in r["members"] if m["job_name"] == "late"
+    ]
+    # the late job first syncs to the group's watermark (0), then catches up
+    assert late_runs[0] == ("snapshot", 0)
+    assert late_runs[-1] == ("tail", final)
+    shared = [r for r in rows if {m["job_name"] for m in r["members"]} == {"first", "late"}]
+    assert shared and shared[-1]["to_version"] == final and shared[-1]["source_scans"] == 1
+    for name in ("first", "late"):
+        assert_df_equality(
+            spark.read.format("delta").load(f"{app_config.tables.warehouse}/s/lag_{name}"),
+            spark.read.format("delta").load(path),
+            ignore_row_order=True,
+        )
