@@ -174,8 +174,14 @@ def test_drops_interrupts_and_new_consumers_cancel_the_jobs_iteration() -> None:
     plain = apply_commands(synced, [update(2, {"iteration": {"priority": 3}})], check_ok)
     assert plain.cancel == set() and plain.upserts[row_id].watermark == 4
 
-    interrupt = Command(Operation.UPDATE_SPEC, "r2", KEY, rec(2),
-                        spec_update={"iteration": {"priority": 3}}, interrupt=True)
+    interrupt = Command(
+        Operation.UPDATE_SPEC,
+        "r2",
+        KEY,
+        rec(2),
+        spec_update={"iteration": {"priority": 3}},
+        interrupt=True,
+    )
     assert apply_commands(synced, [interrupt], check_ok).cancel == {row_id}
 
     new_consumer = apply_commands(
