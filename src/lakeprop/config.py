@@ -33,6 +33,19 @@ LOCAL_BOOTSTRAP = "127.0.0.1:19092"
 """Where the embedded development broker listens when the local config is used."""
 
 
+_DURATIONS = {
+    "tick_interval",
+    "delivery_timeout",
+    "iteration_timeout",
+    "retry_base",
+    "retry_max",
+    "watermark_flush_interval",
+    "gc_interval",
+    "gc_retention",
+}
+"""Settings given as durations ("10s", "5m", "1h"); each must be positive."""
+
+
 def _absolute(path: str) -> str:
     """Make a local relative path absolute; leave URIs (s3://, dbfs:/, file:/) alone."""
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path) or os.path.isabs(path):
@@ -152,15 +165,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _positive(self.workers, "engine.workers")
-        for name in (
-            "iteration_timeout",
-            "retry_base",
-            "retry_max",
-            "watermark_flush_interval",
-            "gc_interval",
-            "gc_retention",
-        ):
-            _positive(getattr(self, name), f"engine.{name}")
+        for f in fields(self):
+            if f.name in _DURATIONS:
+                _positive(getattr(self, f.name), f"engine.{f.name}")
 
 
 @dataclass(frozen=True)
@@ -210,18 +217,6 @@ def _set_path(tree: dict[str, Any], dotted: str, raw: str) -> None:
     except ValueError:
         value = raw
     node[parts[-1]] = value
-
-
-_DURATIONS = {
-    "tick_interval",
-    "delivery_timeout",
-    "iteration_timeout",
-    "retry_base",
-    "retry_max",
-    "watermark_flush_interval",
-    "gc_interval",
-    "gc_retention",
-}
 
 
 def _same_kind(default: Any, value: Any) -> bool:

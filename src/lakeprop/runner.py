@@ -258,6 +258,7 @@ class Runner:
         )
         self._housekeeping(now)
         self.last_tick = TickSummary(probed, changed_tables, len(plans), len(fresh))
+        log.debug("tick: %s", self.last_tick)
         return self.last_tick
 
     def _spec(self, row: CatalogRow) -> JobSpec:

@@ -7,11 +7,11 @@ write of this module idempotent: writing the same rows twice changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import Any
 
-from delta.tables import DeltaTable
+from delta.tables import DeltaMergeBuilder, DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -35,6 +35,23 @@ def _key_condition(keys: Sequence[str]) -> Column:
     return reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in keys])
 
 
+def _merge(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    keys: Sequence[str],
+    clauses: Callable[[DeltaMergeBuilder], DeltaMergeBuilder],
+) -> None:
+    if not rows:
+        return
+    source = spark.createDataFrame(list(rows), schema)
+    builder = (
+        DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), _key_condition(keys))
+    )
+    clauses(builder).execute()
+
+
 def upsert(
     spark: SparkSession,
     path: str,
@@ -43,16 +60,13 @@ def upsert(
     keys: Sequence[str],
 ) -> None:
     """Insert new rows and overwrite existing ones with the same key."""
-    if not rows:
-        return
-    source = spark.createDataFrame(list(rows), schema)
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(source.alias("s"), _key_condition(keys))
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
+    _merge(
+        spark,
+        path,
+        schema,
+        rows,
+        keys,
+        lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(),
     )
 
 
@@ -64,16 +78,7 @@ def insert_new(
     keys: Sequence[str],
 ) -> None:
     """Insert rows whose key is not in the table yet; existing rows stay as they are."""
-    if not rows:
-        return
-    source = spark.createDataFrame(list(rows), schema)
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(source.alias("s"), _key_condition(keys))
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    _merge(spark, path, schema, rows, keys, lambda m: m.whenNotMatchedInsertAll())
 
 
 def delete(
@@ -84,13 +89,4 @@ def delete(
     keys: Sequence[str],
 ) -> None:
     """Delete the rows with these keys."""
-    if not rows:
-        return
-    source = spark.createDataFrame(list(rows), schema).select(*keys)
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(source.alias("s"), _key_condition(keys))
-        .whenMatchedDelete()
-        .execute()
-    )
+    _merge(spark, path, schema, rows, keys, lambda m: m.whenMatchedDelete())
