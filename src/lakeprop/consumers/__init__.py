@@ -9,8 +9,11 @@ contract a consumer keeps is in :mod:`lakeprop.consumers.base`.
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from lakeprop.errors import ErrorCode, InvalidSpecError
@@ -54,13 +57,79 @@ def register_consumer_type(consumer_type: ConsumerType) -> None:
     _REGISTRY[consumer_type.name] = consumer_type
 
 
+ENTRY_POINT_GROUP = "lakeprop.consumers"
+_IMPORT_PATH = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+)
+
+
 def get_consumer_type(name: object) -> ConsumerType:
-    """The registered consumer type called ``name``, or a clear error."""
-    if not isinstance(name, str) or name not in _REGISTRY:
+    """The consumer type called ``name``, or a clear error.
+
+    ``name`` is a registered type (``replica``), an import path
+    (``my_package.consumers:AuditConsumer``), or the name of an entry point in
+    the ``lakeprop.consumers`` group of an installed distribution. What an import
+    path or entry point names is a :class:`~lakeprop.consumers.base.Consumer`
+    subclass or a :class:`ConsumerType`; it is registered under ``name`` on first
+    use. Anyone who can write to the change log can name any installed module
+    this way: guard the topic's write access accordingly.
+    """
+    if not isinstance(name, str):
+        raise UnknownConsumerError(f"consumer type must be a string, got {name!r}")
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    target = _load(name)
+    if target is None:
         raise UnknownConsumerError(
-            f"unknown consumer type {name!r}; registered types: {sorted(_REGISTRY)}"
+            f"unknown consumer type {name!r}; registered types: {sorted(_REGISTRY)}; "
+            f"a custom consumer is named 'package.module:Class' or by an entry point in "
+            f"the {ENTRY_POINT_GROUP!r} group"
         )
-    return _REGISTRY[name]
+    consumer_type = _as_consumer_type(name, target)
+    _REGISTRY[name] = consumer_type
+    return consumer_type
+
+
+def _load(name: str) -> object | None:
+    if ":" in name:
+        if not _IMPORT_PATH.fullmatch(name):
+            raise UnknownConsumerError(
+                f"consumer type {name!r} is not an import path of the form 'package.module:Class'"
+            )
+        module_name, _, attribute = name.partition(":")
+        try:
+            target: object = getattr(importlib.import_module(module_name), attribute)
+            return target
+        except (ImportError, AttributeError) as exc:
+            raise UnknownConsumerError(f"cannot load consumer {name!r}: {exc}") from None
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        return None
+    try:
+        loaded: object = found[0].load()
+        return loaded
+    except Exception as exc:  # a broken plugin must not take the service down
+        raise UnknownConsumerError(
+            f"cannot load consumer entry point {name!r} ({found[0].value}): {exc}"
+        ) from None
+
+
+def _as_consumer_type(name: str, target: object) -> ConsumerType:
+    from lakeprop.consumers.base import Consumer
+
+    if isinstance(target, ConsumerType):
+        return replace(target, name=name)
+    if isinstance(target, type) and issubclass(target, Consumer):
+        return ConsumerType(
+            name=name,
+            validate_options=target.validate_options,
+            source_columns=target.source_columns,
+            factory=target,
+        )
+    raise UnknownConsumerError(
+        f"consumer {name!r} names {target!r}, which is neither a Consumer subclass "
+        "nor a ConsumerType"
+    )
 
 
 def consumer_type_names() -> list[str]:
@@ -68,9 +137,10 @@ def consumer_type_names() -> list[str]:
 
 
 def _register_builtins() -> None:
-    from lakeprop.consumers import replica
+    from lakeprop.consumers import replica, secondary_index
 
     register_consumer_type(replica.CONSUMER_TYPE)
+    register_consumer_type(secondary_index.CONSUMER_TYPE)
 
 
 _register_builtins()

@@ -104,10 +104,30 @@ class ConsumerContext:
 
 
 class Consumer(ABC):
-    """Base class of consumers; see the module docstring for the contract."""
+    """Base class of consumers; see the module docstring for the contract.
+
+    A custom consumer named by import path or entry point may override the two
+    class methods to validate its options when a job is registered.
+    """
 
     def __init__(self, context: ConsumerContext) -> None:
         self.context = context
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Normalised options, or raise InvalidConsumerOptionsError. Default: any JSON."""
+        try:
+            json.dumps(dict(options))
+        except (TypeError, ValueError) as exc:
+            from lakeprop.consumers import InvalidConsumerOptionsError
+
+            raise InvalidConsumerOptionsError(f"options must be plain JSON: {exc}") from None
+        return dict(options)
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        """Source columns the options rely on (checked at registration)."""
+        return []
 
     @abstractmethod
     def snapshot(self, rows: DataFrame, version: int) -> int:

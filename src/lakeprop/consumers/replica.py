@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -27,22 +27,34 @@ from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
 from lakeprop.identifiers import validate_identifier
 
+if TYPE_CHECKING:
+    from lakeprop.tables import TableHandle
+
 _ALLOWED = {"primary_key", "columns", "target_database", "target_table"}
 
 
-def _identifier_list(value: object, what: str, *, required: bool) -> list[str] | None:
+def identifier_list(value: object, consumer: str, what: str) -> list[str]:
+    """A required, non-empty list of distinct column names."""
     if value is None:
-        if required:
-            raise InvalidConsumerOptionsError(f"replica option {what} is required")
-        return None
+        raise InvalidConsumerOptionsError(f"{consumer} option {what} is required")
     if not isinstance(value, list) or not value:
         raise InvalidConsumerOptionsError(
-            f"replica option {what} must be a non-empty list of column names"
+            f"{consumer} option {what} must be a non-empty list of column names"
         )
-    names = [validate_identifier(v, f"replica option {what} entry") for v in value]
+    names = [validate_identifier(v, f"{consumer} option {what} entry") for v in value]
     if len({n.lower() for n in names}) != len(names):
-        raise InvalidConsumerOptionsError(f"replica option {what} lists a column twice")
+        raise InvalidConsumerOptionsError(f"{consumer} option {what} lists a column twice")
     return names
+
+
+def target_name(context: ConsumerContext) -> TableHandle:
+    """The target table: the options' target_database/target_table, or
+    <source database>.<source table>_<job name>."""
+    options = context.options
+    return context.locate(
+        options.get("target_database") or context.key.database,
+        options.get("target_table") or f"{context.key.table}_{context.key.job_name}",
+    )
 
 
 def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,8 +64,11 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"replica has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
         )
     try:
-        primary_key = _identifier_list(options.get("primary_key"), "primary_key", required=True)
-        columns = _identifier_list(options.get("columns"), "columns", required=False)
+        primary_key = identifier_list(options.get("primary_key"), "replica", "primary_key")
+        raw_columns = options.get("columns")
+        columns = (
+            None if raw_columns is None else identifier_list(raw_columns, "replica", "columns")
+        )
         out: dict[str, Any] = {"primary_key": primary_key, "columns": columns}
         for name in ("target_database", "target_table"):
             value = options.get(name)
@@ -96,13 +111,13 @@ def latest_change_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
 class ReplicaConsumer(Consumer):
     def __init__(self, context: ConsumerContext) -> None:
         super().__init__(context)
-        options = context.options
-        self.key: list[str] = list(options["primary_key"])
-        self.columns: list[str] = list(options.get("columns") or context.source_columns)
-        self.target = context.locate(
-            options.get("target_database") or context.key.database,
-            options.get("target_table") or f"{context.key.table}_{context.key.job_name}",
-        )
+        self.key: list[str] = list(context.options["primary_key"])
+        self.columns: list[str] = self.target_columns()
+        self.target = target_name(context)
+
+    def target_columns(self) -> list[str]:
+        """Columns of the target table, in order."""
+        return list(self.context.options.get("columns") or self.context.source_columns)
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         data = rows.select(*self.columns)

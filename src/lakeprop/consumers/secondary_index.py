@@ -1,0 +1,70 @@
+"""``secondary_index``: an index table from one or more columns to the primary key.
+
+Options::
+
+    {"columns": ["customer_id"],        # required: the indexed column(s)
+     "primary_key": ["order_id"],       # required: the source's primary key
+     "target_database": "idx",          # optional, defaults to the source database
+     "target_table": "orders_by_cust"}  # optional, defaults to <table>_<job name>
+
+The index holds one entry per source row: the indexed columns first (Delta
+collects file statistics on leading columns, so lookups by them skip files),
+then the key columns. It is kept exact under inserts, deletes and updates that
+change an indexed value: entries are maintained per primary key, so the old
+entry of an updated row is replaced, not left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
+from lakeprop.consumers.replica import ReplicaConsumer, identifier_list
+from lakeprop.errors import InvalidIdentifierError
+from lakeprop.identifiers import validate_identifier
+
+_ALLOWED = {"columns", "primary_key", "target_database", "target_table"}
+
+
+def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - _ALLOWED)
+    if unknown:
+        raise InvalidConsumerOptionsError(
+            f"secondary_index has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
+        )
+    try:
+        out: dict[str, Any] = {
+            "columns": identifier_list(options.get("columns"), "secondary_index", "columns"),
+            "primary_key": identifier_list(
+                options.get("primary_key"), "secondary_index", "primary_key"
+            ),
+        }
+        for name in ("target_database", "target_table"):
+            value = options.get(name)
+            out[name] = None if value is None else validate_identifier(value, name)
+    except InvalidIdentifierError as exc:
+        raise InvalidConsumerOptionsError(f"secondary_index: {exc}") from None
+    return out
+
+
+def index_columns(options: Mapping[str, Any]) -> list[str]:
+    """Indexed columns, then the key columns not already among them."""
+    indexed = list(options["columns"])
+    lowered = {c.lower() for c in indexed}
+    return indexed + [k for k in options["primary_key"] if k.lower() not in lowered]
+
+
+class SecondaryIndexConsumer(ReplicaConsumer):
+    """A replica of the indexed and key columns, maintained per primary key."""
+
+    def target_columns(self) -> list[str]:
+        return index_columns(self.context.options)
+
+
+CONSUMER_TYPE = ConsumerType(
+    name="secondary_index",
+    validate_options=validate_options,
+    source_columns=index_columns,
+    factory=SecondaryIndexConsumer,
+)

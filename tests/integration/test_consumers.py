@@ -1,0 +1,145 @@
+"""Consumers under a seeded random workload: each equals a from-scratch computation."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop.client import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey
+from tests.integration.helpers import (
+    SOURCE_SCHEMA,
+    cdf_source,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
+
+pytestmark = pytest.mark.integration
+
+AUDIT = "tests.integration.custom_consumers:AuditConsumer"
+
+
+def random_commits(
+    spark: SparkSession, path: str, rng: random.Random, live: set[int], commits: int
+) -> None:
+    """Inserts, updates and deletes of random rows, one Delta commit each."""
+    table = DeltaTable.forPath(spark, path)
+    for _ in range(commits):
+        op = rng.choice(["insert", "insert", "update", "delete"]) if live else "insert"
+        if op == "insert":
+            ids = [max(live | {0}) + i + 1 for i in range(rng.randint(1, 6))]
+            rows = [(i, f"c{rng.randint(0, 3)}", float(rng.randint(1, 100))) for i in ids]
+            spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(
+                path
+            )
+            live.update(ids)
+        elif op == "update":
+            ids = rng.sample(sorted(live), k=min(len(live), rng.randint(1, 4)))
+            table.update(
+                F.col("id").isin(ids),
+                {
+                    "name": F.lit(f"c{rng.randint(0, 3)}"),  # moves rows between index values
+                    "amount": F.col("amount") + rng.randint(1, 9),
+                },
+            )
+        else:
+            ids = rng.sample(sorted(live), k=min(len(live), rng.randint(1, 3)))
+            table.delete(F.col("id").isin(ids))
+            live.difference_update(ids)
+
+
+def at(spark: SparkSession, path: str, version: int) -> DataFrame:
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def expected_audit(spark: SparkSession, path: str, snapshot: int, upto: int) -> DataFrame:
+    base = (
+        at(spark, path, snapshot)
+        .withColumn("_change_type", F.lit("snapshot"))
+        .withColumn("_commit_version", F.lit(snapshot).cast("long"))
+    )
+    if upto == snapshot:
+        return base
+    changes = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", snapshot + 1)
+        .option("endingVersion", upto)
+        .load(path)
+        .where("_change_type != 'update_preimage'")
+        .drop("_commit_timestamp")
+    )
+    return base.unionByName(changes)
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_replica_index_and_a_user_consumer_follow_a_random_workload_sharing_one_scan(
+    spark: SparkSession, app_config: AppConfig, seed: int
+) -> None:
+    rng = random.Random(seed)
+    path = cdf_source(spark, app_config, "w", "src")
+    live: set[int] = set()
+    random_commits(spark, path, rng, live, 3)
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    consumers = {
+        "copy": {"type": "replica", "options": {"primary_key": ["id"]}},
+        "by_name": {
+            "type": "secondary_index",
+            "options": {"columns": ["name"], "primary_key": ["id"]},
+        },
+        "audit": {"type": AUDIT, "options": {"primary_key": ["id"]}},
+    }
+    keys = {name: JobKey(1, "w", "src", name) for name in consumers}
+    for name, consumer in consumers.items():
+        client.register_job(
+            keys[name], {"trigger": {"kind": "default"}, "iteration": {"consumer": consumer}}
+        )
+
+    with running(spark, app_config):
+        for _ in range(3):  # several commits per tick, and across ticks
+            random_commits(spark, path, rng, live, 3)
+            time.sleep(1.5)
+        latest = latest_version(spark, path)
+        rows = {
+            name: wait_for_watermark(spark, app_config, key, latest) for name, key in keys.items()
+        }
+
+    warehouse = app_config.tables.warehouse
+    assert_df_equality(
+        spark.read.format("delta").load(f"{warehouse}/w/src_copy"),
+        at(spark, path, latest),
+        ignore_row_order=True,
+    )
+    assert_df_equality(
+        spark.read.format("delta").load(f"{warehouse}/w/src_by_name"),
+        at(spark, path, latest).select("name", "id"),
+        ignore_row_order=True,
+    )
+    iterations = history(spark, app_config).collect()
+    snapshot_version = next(
+        r["to_version"]
+        for r in iterations
+        if r["kind"] == "snapshot" and r["members"][0]["job_name"] == "audit"
+    )
+    assert_df_equality(
+        spark.read.format("delta").load(f"{warehouse}/w/src_audit"),
+        expected_audit(spark, path, snapshot_version, latest),
+        ignore_row_order=True,
+        ignore_column_order=True,
+    )
+    shared = [
+        r
+        for r in iterations
+        if r["kind"] == "tail" and {m["job_name"] for m in r["members"]} == set(consumers)
+    ]
+    assert shared and all(r["source_scans"] == 1 for r in shared)
+    assert all(row["job_state"] == "completed" for row in rows.values())
