@@ -143,3 +143,83 @@ def test_replica_index_and_a_user_consumer_follow_a_random_workload_sharing_one_
     ]
     assert shared and all(r["source_scans"] == 1 for r in shared)
     assert all(row["job_state"] == "completed" for row in rows.values())
+
+
+def read_topic(bootstrap: str, topic: str) -> list[tuple[int, dict, dict]]:
+    """Every message of a topic: (partition, key, value), in partition order."""
+    import json
+
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
+    )
+    try:
+        return [(m.partition, json.loads(m.key), json.loads(m.value)) for m in consumer]
+    finally:
+        consumer.close()
+
+
+def test_the_kafka_changefeed_publishes_every_change_in_version_order_per_key(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    rng = random.Random(11)
+    path = cdf_source(spark, app_config, "w", "feed")
+    live: set[int] = set()
+    random_commits(spark, path, rng, live, 2)
+    topic = f"{app_config.kafka.topic}.orders"
+    key = JobKey(1, "w", "feed", "feed")
+    LakepropClient(app_config.kafka, app_config.state, spark).register_job(
+        key,
+        {
+            "trigger": {"kind": "greedy"},
+            "iteration": {
+                "consumer": {
+                    "type": "kafka_changefeed",
+                    "options": {
+                        "topic": topic,
+                        "bootstrap_servers": app_config.kafka.bootstrap_servers,
+                        "primary_key": ["id"],
+                    },
+                }
+            },
+        },
+    )
+    with running(spark, app_config):
+        for _ in range(3):
+            random_commits(spark, path, rng, live, 3)
+            time.sleep(1.5)
+        latest = latest_version(spark, path)
+        wait_for_watermark(spark, app_config, key, latest)
+
+    messages = read_topic(app_config.kafka.bootstrap_servers, topic)
+    # one key lives on one partition, and its versions never go backwards there
+    partitions: dict[int, set[int]] = {}
+    last_version: dict[int, int] = {}
+    for partition, msg_key, value in messages:
+        assert msg_key == {"id": value["row"]["id"]}
+        partitions.setdefault(msg_key["id"], set()).add(partition)
+        assert value["version"] >= last_version.get(msg_key["id"], -1)
+        last_version[msg_key["id"]] = value["version"]
+    assert all(len(p) == 1 for p in partitions.values())
+
+    # de-duplicated on (version, key, op), the feed replays to the source's state
+    seen: set[tuple[int, int, str]] = set()
+    state: dict[int, tuple] = {}
+    for _, msg_key, value in messages:
+        dedupe = (value["version"], msg_key["id"], value["op"])
+        if dedupe in seen:
+            continue
+        seen.add(dedupe)
+        row = value["row"]
+        if value["op"] == "delete":
+            state.pop(row["id"], None)
+        else:
+            state[row["id"]] = (row["id"], row["name"], row["amount"])
+    assert_df_equality(
+        spark.createDataFrame(list(state.values()), SOURCE_SCHEMA),
+        at(spark, path, latest),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert {v["op"] for _, _, v in messages} >= {"snapshot", "insert", "update", "delete"}

@@ -54,3 +54,23 @@ def test_unresolvable_types_are_explained(name: object, words: str) -> None:
     with pytest.raises(UnknownConsumerError) as info:
         get_consumer_type(name)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("type_name", "options", "words"),
+    [
+        ("secondary_index", {"primary_key": ["id"]}, "columns is required"),
+        ("secondary_index", {"columns": ["a"], "primary_key": ["id"], "x": 1}, "unknown option"),
+        ("secondary_index", {"columns": ["a;b"], "primary_key": ["id"]}, "not a valid identifier"),
+        ("kafka_changefeed", {"topic": "t", "primary_key": ["id"]}, "bootstrap_servers"),
+        ("kafka_changefeed", {"topic": "bad topic!", "bootstrap_servers": "h:1",
+                              "primary_key": ["id"]}, "Kafka topic name"),
+        ("kafka_changefeed", {"topic": "t", "bootstrap_servers": "h:1"}, "primary_key"),
+    ],
+)
+def test_bad_consumer_options_are_explained(type_name: str, options: dict, words: str) -> None:
+    from lakeprop.consumers import InvalidConsumerOptionsError
+
+    with pytest.raises(InvalidConsumerOptionsError) as info:
+        get_consumer_type(type_name).validate_options(options)
+    assert words in str(info.value)

@@ -137,10 +137,10 @@ def consumer_type_names() -> list[str]:
 
 
 def _register_builtins() -> None:
-    from lakeprop.consumers import replica, secondary_index
+    from lakeprop.consumers import kafka_changefeed, replica, secondary_index
 
-    register_consumer_type(replica.CONSUMER_TYPE)
-    register_consumer_type(secondary_index.CONSUMER_TYPE)
+    for module in (replica, secondary_index, kafka_changefeed):
+        register_consumer_type(module.CONSUMER_TYPE)
 
 
 _register_builtins()
