@@ -77,3 +77,36 @@ class DeltaLogProbe:
                 version = int(match.group(1))
                 latest = version if latest is None else max(latest, version)
         return latest
+
+    def last_transaction(self, location: str, app_id: str, lookback: int = 100) -> int | None:
+        """The last ``txnVersion`` committed to the table under ``app_id``, if any.
+
+        Delta writes it in the same commit as the data (a ``txn`` action), so it
+        says exactly which writes of that app already happened. Only recent commit
+        files are read, newest first: the writer of ``app_id`` is normally the last
+        one to commit.
+        """
+        latest = self.latest_version(location)
+        if latest is None:
+            return None
+        log = self._log_path(location)
+        fs = self._filesystem(log)
+        for version in range(latest, max(-1, latest - lookback), -1):
+            path = self._jvm.org.apache.hadoop.fs.Path(log, f"{version:020d}.json")
+            if not fs.exists(path):
+                return None
+            stream = fs.open(path)
+            try:
+                reader = self._jvm.java.io.BufferedReader(
+                    self._jvm.java.io.InputStreamReader(stream, "UTF-8")
+                )
+                line = reader.readLine()
+                while line is not None:
+                    if '"txn"' in line:
+                        txn = json.loads(line).get("txn") or {}
+                        if txn.get("appId") == app_id:
+                            return int(txn["version"])
+                    line = reader.readLine()
+            finally:
+                stream.close()
+        return None

@@ -54,6 +54,12 @@ class TableHandle:
             return DeltaTable.forPath(self.spark, self.path)
         return DeltaTable.forName(self.spark, str(self.name))
 
+    def location(self) -> str:
+        if self.path is not None:
+            return self.path
+        detail = self.delta().detail().select("location").first()
+        return str(detail["location"]) if detail is not None else ""
+
     def reader(self) -> DataFrameReader:
         return self.spark.read.format("delta")
 

@@ -63,9 +63,25 @@ def test_unresolvable_types_are_explained(name: object, words: str) -> None:
         ("secondary_index", {"columns": ["a"], "primary_key": ["id"], "x": 1}, "unknown option"),
         ("secondary_index", {"columns": ["a;b"], "primary_key": ["id"]}, "not a valid identifier"),
         ("kafka_changefeed", {"topic": "t", "primary_key": ["id"]}, "bootstrap_servers"),
-        ("kafka_changefeed", {"topic": "bad topic!", "bootstrap_servers": "h:1",
-                              "primary_key": ["id"]}, "Kafka topic name"),
+        (
+            "kafka_changefeed",
+            {"topic": "bad topic!", "bootstrap_servers": "h:1", "primary_key": ["id"]},
+            "Kafka topic name",
+        ),
         ("kafka_changefeed", {"topic": "t", "bootstrap_servers": "h:1"}, "primary_key"),
+        ("aggregate_view", {"group_by": ["g"]}, "aggregates must be a non-empty list"),
+        (
+            "aggregate_view",
+            {"aggregates": [{"fn": "median", "column": "x", "as": "m"}]},
+            "fn must be one of",
+        ),
+        ("aggregate_view", {"aggregates": [{"fn": "sum", "as": "s"}]}, "sum needs a column"),
+        ("aggregate_view", {"aggregates": [{"fn": "count", "as": "_lp_rows"}]}, "reserved"),
+        (
+            "aggregate_view",
+            {"group_by": ["n"], "aggregates": [{"fn": "count", "as": "n"}]},
+            "must be distinct",
+        ),
     ],
 )
 def test_bad_consumer_options_are_explained(type_name: str, options: dict, words: str) -> None:

@@ -1,0 +1,316 @@
+"""``aggregate_view``: an incrementally maintained aggregate of one source table.
+
+Options::
+
+    {"group_by": ["region"],                                  # zero or more columns
+     "aggregates": [{"fn": "count", "as": "orders"},          # count(*)
+                    {"fn": "count", "column": "amount", "as": "priced"},
+                    {"fn": "sum", "column": "amount", "as": "revenue"},
+                    {"fn": "avg", "column": "amount", "as": "mean"},
+                    {"fn": "min", "column": "amount", "as": "low"},
+                    {"fn": "max", "column": "amount", "as": "high"}],
+     "target_database": "...", "target_table": "..."}         # optional
+
+The view table has the ``group_by`` columns and one column per aggregate,
+equal at every watermark to ``SELECT group_by, aggregates FROM source GROUP BY
+group_by`` at that version, plus bookkeeping columns prefixed ``_lp_`` (row
+and non-null counts, sums). Count and sum move by deltas of the changes (an
+update counts as its pre-image removed and post-image added). Min and max take
+the least/greatest of the old extreme and the inserted values, and are
+recomputed from the source at the iteration's version only for the groups whose
+extreme was deleted or updated away. A group whose last row goes is deleted.
+
+Deltas must not be applied twice: the view's Delta log records, in the same
+commit as each MERGE, the version this job applied up to, and changes at or
+below it are skipped, so an overlapping range after a crash adds nothing.
+Sums of floating-point columns accumulate rounding like any running sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
+from lakeprop.consumers.base import Consumer
+from lakeprop.consumers.replica import target_name
+from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
+from lakeprop.identifiers import validate_identifier
+from lakeprop.probe import DeltaLogProbe
+
+_ALLOWED = {"group_by", "aggregates", "target_database", "target_table"}
+_FUNCTIONS = {"count", "sum", "avg", "min", "max"}
+ROWS = "_lp_rows"
+
+
+def _sum_col(alias: str) -> str:
+    return f"_lp_sum_{alias}"
+
+
+def _count_col(alias: str) -> str:
+    return f"_lp_n_{alias}"
+
+
+def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - _ALLOWED)
+    if unknown:
+        raise InvalidConsumerOptionsError(
+            f"aggregate_view has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
+        )
+    try:
+        group_by = options.get("group_by") or []
+        if not isinstance(group_by, list):
+            raise InvalidConsumerOptionsError("aggregate_view option group_by must be a list")
+        group_by = [validate_identifier(c, "aggregate_view group_by column") for c in group_by]
+        aggregates = options.get("aggregates")
+        if not isinstance(aggregates, list) or not aggregates:
+            raise InvalidConsumerOptionsError(
+                "aggregate_view option aggregates must be a non-empty list"
+            )
+        out_aggs = []
+        for agg in aggregates:
+            if not isinstance(agg, dict) or set(agg) - {"fn", "column", "as"}:
+                raise InvalidConsumerOptionsError(
+                    f"each aggregate is {{'fn', 'column', 'as'}}, got {agg!r}"
+                )
+            fn = agg.get("fn")
+            if fn not in _FUNCTIONS:
+                raise InvalidConsumerOptionsError(
+                    f"aggregate fn must be one of {sorted(_FUNCTIONS)}, got {fn!r}"
+                )
+            column = agg.get("column")
+            if column is None and fn != "count":
+                raise InvalidConsumerOptionsError(f"aggregate {fn} needs a column")
+            alias = validate_identifier(agg.get("as"), "aggregate alias")
+            if alias.startswith("_lp_"):
+                raise InvalidConsumerOptionsError(f"aggregate alias {alias!r} is reserved")
+            out_aggs.append(
+                {
+                    "fn": fn,
+                    "column": None if column is None else validate_identifier(column, "column"),
+                    "as": alias,
+                }
+            )
+        names = [c.lower() for c in group_by] + [a["as"].lower() for a in out_aggs]
+        if len(set(names)) != len(names):
+            raise InvalidConsumerOptionsError("aggregate_view column names must be distinct")
+        result: dict[str, Any] = {"group_by": group_by, "aggregates": out_aggs}
+        for name in ("target_database", "target_table"):
+            value = options.get(name)
+            result[name] = None if value is None else validate_identifier(value, name)
+    except InvalidIdentifierError as exc:
+        raise InvalidConsumerOptionsError(f"aggregate_view: {exc}") from None
+    return result
+
+
+def source_columns(options: Mapping[str, Any]) -> list[str]:
+    columns = list(options["group_by"])
+    columns += [a["column"] for a in options["aggregates"] if a["column"] is not None]
+    return list(dict.fromkeys(columns))
+
+
+def _null_safe(keys: list[str], left: str, right: str) -> Column:
+    if not keys:
+        return F.lit(True)
+    return reduce(
+        lambda a, b: a & b,
+        [F.col(f"{left}.{k}").eqNullSafe(F.col(f"{right}.{k}")) for k in keys],
+    )
+
+
+class AggregateViewConsumer(Consumer):
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.group_by: list[str] = list(context.options["group_by"])
+        self.aggregates: list[dict[str, Any]] = list(context.options["aggregates"])
+        self.target = target_name(context)
+
+    def _summed(self) -> list[dict[str, Any]]:
+        """Aggregates kept as (sum, non-null count): sum, avg, count(column)."""
+        return [a for a in self.aggregates if a["fn"] in ("sum", "avg", "count") and a["column"]]
+
+    def _outputs(self, prefix: str = "") -> list[Column]:
+        """Public columns from bookkeeping columns (of the frame aliased ``prefix``)."""
+        p = f"{prefix}." if prefix else ""
+        columns = []
+        for a in self.aggregates:
+            alias, fn = a["as"], a["fn"]
+            n, s = F.col(p + _count_col(alias)), F.col(p + _sum_col(alias))
+            if fn == "count":
+                value = F.col(p + ROWS) if a["column"] is None else n
+            elif fn == "sum":
+                value = F.when(n > 0, s)
+            elif fn == "avg":
+                value = F.when(n > 0, s / n)
+            else:
+                value = F.col(p + alias)
+            columns.append(value.alias(alias))
+        return columns
+
+    def _bookkeeping(self) -> list[str]:
+        names = [ROWS]
+        for a in self._summed():
+            names += [_sum_col(a["as"]), _count_col(a["as"])]
+        return names
+
+    def snapshot(self, rows: DataFrame, version: int) -> int:
+        aggs = [F.count(F.lit(1)).alias(ROWS)]
+        for a in self.aggregates:
+            column = a["column"]
+            if a in self._summed():
+                aggs += [
+                    F.sum(column).alias(_sum_col(a["as"])),
+                    F.count(column).alias(_count_col(a["as"])),
+                ]
+            elif a["fn"] in ("min", "max"):
+                aggs.append(getattr(F, a["fn"])(column).alias(a["as"]))
+        grouped = rows.groupBy(*self.group_by).agg(*aggs) if self.group_by else rows.agg(*aggs)
+        view = self._shape(grouped)
+        writer = (
+            view.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .options(**self.context.writer_options(version))
+        )
+        self.target.save(writer)
+        return int(view.count())
+
+    def _shape(self, frame: DataFrame) -> DataFrame:
+        """group_by, public aggregates, then bookkeeping columns."""
+        extremes = {a["as"] for a in self.aggregates if a["fn"] in ("min", "max")}
+        public = [
+            F.col(a["as"]) if a["as"] in extremes else out
+            for a, out in zip(self.aggregates, self._outputs(), strict=True)
+        ]
+        return frame.select(*self.group_by, *public, *self._bookkeeping())
+
+    def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        if not self.target.exists():
+            raise PermanentError(
+                f"aggregate view {self.target} is missing; re-register the job to rebuild it",
+                ErrorCode.TARGET_MISSING,
+            )
+        applied = DeltaLogProbe(self.context.spark).last_transaction(
+            self.target.location(), self.context.txn_app_id
+        )
+        if applied is not None and applied >= to_version:
+            return 0
+        if applied is not None and applied > from_version:
+            changes = changes.where(F.col("_commit_version") > applied)
+        kind = F.col("_change_type")
+        sign = F.when(kind.isin("insert", "update_postimage"), 1).otherwise(-1)
+        signed = changes.withColumn("_lp_sign", sign)
+        deltas = [F.sum("_lp_sign").alias("_d_rows")]
+        for a in self.aggregates:
+            alias, column = a["as"], a["column"]
+            if a in self._summed():
+                deltas += [
+                    F.sum(F.col("_lp_sign") * F.coalesce(F.col(column), F.lit(0))).alias(
+                        f"_d_sum_{alias}"
+                    ),
+                    F.sum(F.col("_lp_sign") * F.col(column).isNotNull().cast("int")).alias(
+                        f"_d_n_{alias}"
+                    ),
+                ]
+            elif a["fn"] in ("min", "max"):
+                pick = getattr(F, a["fn"])
+                deltas += [
+                    pick(F.when(F.col("_lp_sign") == 1, F.col(column))).alias(f"_ins_{alias}"),
+                    pick(F.when(F.col("_lp_sign") == -1, F.col(column))).alias(f"_rm_{alias}"),
+                ]
+        delta = (
+            signed.groupBy(*self.group_by).agg(*deltas) if self.group_by else signed.agg(*deltas)
+        ).persist()
+        try:
+            if delta.where(F.col("_d_rows").isNotNull()).limit(1).count() == 0:
+                return 0
+            return self._merge(delta, to_version)
+        finally:
+            delta.unpersist()
+
+    def _merge(self, delta: DataFrame, to_version: int) -> int:
+        view = self.target.delta().toDF()
+        joined = delta.alias("d").join(view.alias("v"), _null_safe(self.group_by, "d", "v"), "left")
+        extremes = [a for a in self.aggregates if a["fn"] in ("min", "max")]
+        recompute = F.lit(False)
+        for a in extremes:
+            alias = a["as"]
+            old, removed = F.col(f"v.{alias}"), F.col(f"d._rm_{alias}")
+            gone = removed <= old if a["fn"] == "min" else removed >= old
+            recompute = recompute | F.coalesce(gone, F.lit(False))
+        columns = [F.col(f"d.{g}").alias(g) for g in self.group_by]
+        columns.append((F.coalesce(F.col(f"v.{ROWS}"), F.lit(0)) + F.col("d._d_rows")).alias(ROWS))
+        for a in self._summed():
+            alias = a["as"]
+            columns += [
+                (
+                    F.coalesce(F.col(f"v.{_sum_col(alias)}"), F.lit(0)) + F.col(f"d._d_sum_{alias}")
+                ).alias(_sum_col(alias)),
+                (
+                    F.coalesce(F.col(f"v.{_count_col(alias)}"), F.lit(0)) + F.col(f"d._d_n_{alias}")
+                ).alias(_count_col(alias)),
+            ]
+        for a in extremes:
+            merge = F.least if a["fn"] == "min" else F.greatest
+            columns.append(merge(F.col(f"v.{a['as']}"), F.col(f"d._ins_{a['as']}")).alias(a["as"]))
+        columns.append(recompute.alias("_lp_recompute"))
+        updated = joined.select(*columns)
+        if extremes:
+            updated = self._recompute_extremes(updated, extremes, to_version)
+        shaped = self._shape(updated)
+        on = _null_safe(self.group_by, "t", "s")
+        assignments: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in shaped.columns}
+        with self.context.idempotent(to_version):
+            (
+                self.target.delta()
+                .alias("t")
+                .merge(shaped.alias("s"), on)
+                .whenMatchedDelete(condition=F.col(f"s.{ROWS}") <= 0)
+                .whenMatchedUpdate(set=assignments)
+                .whenNotMatchedInsert(condition=F.col(f"s.{ROWS}") > 0, values=assignments)
+                .execute()
+            )
+        return int(shaped.count())
+
+    def _recompute_extremes(
+        self, updated: DataFrame, extremes: list[dict[str, Any]], to_version: int
+    ) -> DataFrame:
+        """Min/max from the source at ``to_version`` for the flagged groups only."""
+        if updated.where("_lp_recompute").limit(1).count() == 0:
+            return updated
+        key = self.context.key
+        source = self.context.locate(key.database, key.table)
+        rows = source.load(source.reader().option("versionAsOf", to_version))
+        flagged = updated.where("_lp_recompute").select(*self.group_by)
+        if self.group_by:
+            rows = rows.join(
+                flagged.alias("f"),
+                [rows[g].eqNullSafe(F.col(f"f.{g}")) for g in self.group_by],
+                "left_semi",
+            )
+        exact = [getattr(F, a["fn"])(a["column"]).alias(f"_x_{a['as']}") for a in extremes]
+        fresh = rows.groupBy(*self.group_by).agg(*exact) if self.group_by else rows.agg(*exact)
+        joined = updated.alias("u").join(
+            fresh.alias("x"), _null_safe(self.group_by, "u", "x"), "left"
+        )
+        replaced = [
+            F.when(F.col("u._lp_recompute"), F.col(f"x._x_{a['as']}"))
+            .otherwise(F.col(f"u.{a['as']}"))
+            .alias(a["as"])
+            for a in extremes
+        ]
+        names = {a["as"] for a in extremes}
+        kept = [F.col(f"u.{c}") for c in updated.columns if c not in names]
+        return joined.select(*kept, *replaced)
+
+
+CONSUMER_TYPE = ConsumerType(
+    name="aggregate_view",
+    validate_options=validate_options,
+    source_columns=source_columns,
+    factory=AggregateViewConsumer,
+)
