@@ -28,6 +28,15 @@ class InvalidConsumerOptionsError(InvalidSpecError):
     default_code = ErrorCode.INVALID_CONSUMER_OPTIONS
 
 
+def reject_unknown_options(consumer: str, options: Mapping[str, Any], allowed: set[str]) -> None:
+    """Raise naming the options a consumer type does not know."""
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise InvalidConsumerOptionsError(
+            f"{consumer} has unknown option(s) {unknown}; allowed: {sorted(allowed)}"
+        )
+
+
 class UnknownConsumerError(InvalidSpecError):
     """A job spec names a consumer type that is not registered."""
 

@@ -35,9 +35,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
+from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
 from lakeprop.consumers.base import Consumer
-from lakeprop.consumers.replica import target_name
+from lakeprop.consumers.replica import target_name, target_options
 from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
 from lakeprop.identifiers import validate_identifier
 from lakeprop.probe import DeltaLogProbe
@@ -56,11 +56,7 @@ def _count_col(alias: str) -> str:
 
 
 def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - _ALLOWED)
-    if unknown:
-        raise InvalidConsumerOptionsError(
-            f"aggregate_view has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
-        )
+    reject_unknown_options("aggregate_view", options, _ALLOWED)
     try:
         group_by = options.get("group_by") or []
         if not isinstance(group_by, list):
@@ -99,9 +95,7 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if len(set(names)) != len(names):
             raise InvalidConsumerOptionsError("aggregate_view column names must be distinct")
         result: dict[str, Any] = {"group_by": group_by, "aggregates": out_aggs}
-        for name in ("target_database", "target_table"):
-            value = options.get(name)
-            result[name] = None if value is None else validate_identifier(value, name)
+        result.update(target_options(options))
     except InvalidIdentifierError as exc:
         raise InvalidConsumerOptionsError(f"aggregate_view: {exc}") from None
     return result

@@ -33,7 +33,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
+from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
 from lakeprop.consumers.base import Consumer
 from lakeprop.consumers.replica import identifier_list
 from lakeprop.errors import InvalidIdentifierError
@@ -44,11 +44,7 @@ _OPS = {"insert": "insert", "update_postimage": "update", "delete": "delete"}
 
 
 def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - _ALLOWED)
-    if unknown:
-        raise InvalidConsumerOptionsError(
-            f"kafka_changefeed has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
-        )
+    reject_unknown_options("kafka_changefeed", options, _ALLOWED)
     topic = options.get("topic")
     if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
         raise InvalidConsumerOptionsError(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
+from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
 from lakeprop.identifiers import validate_identifier
@@ -47,6 +47,14 @@ def identifier_list(value: object, consumer: str, what: str) -> list[str]:
     return names
 
 
+def target_options(options: Mapping[str, Any]) -> dict[str, str | None]:
+    """The optional target_database / target_table options, validated."""
+    return {
+        name: None if options.get(name) is None else validate_identifier(options[name], name)
+        for name in ("target_database", "target_table")
+    }
+
+
 def target_name(context: ConsumerContext) -> TableHandle:
     """The target table: the options' target_database/target_table, or
     <source database>.<source table>_<job name>."""
@@ -58,11 +66,7 @@ def target_name(context: ConsumerContext) -> TableHandle:
 
 
 def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - _ALLOWED)
-    if unknown:
-        raise InvalidConsumerOptionsError(
-            f"replica has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
-        )
+    reject_unknown_options("replica", options, _ALLOWED)
     try:
         primary_key = identifier_list(options.get("primary_key"), "replica", "primary_key")
         raw_columns = options.get("columns")
@@ -70,9 +74,7 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
             None if raw_columns is None else identifier_list(raw_columns, "replica", "columns")
         )
         out: dict[str, Any] = {"primary_key": primary_key, "columns": columns}
-        for name in ("target_database", "target_table"):
-            value = options.get(name)
-            out[name] = None if value is None else validate_identifier(value, f"replica {name}")
+        out.update(target_options(options))
     except InvalidIdentifierError as exc:
         raise InvalidConsumerOptionsError(str(exc)) from None
     assert primary_key is not None

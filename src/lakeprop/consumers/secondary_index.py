@@ -19,20 +19,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError
-from lakeprop.consumers.replica import ReplicaConsumer, identifier_list
+from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
+from lakeprop.consumers.replica import ReplicaConsumer, identifier_list, target_options
 from lakeprop.errors import InvalidIdentifierError
-from lakeprop.identifiers import validate_identifier
 
 _ALLOWED = {"columns", "primary_key", "target_database", "target_table"}
 
 
 def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - _ALLOWED)
-    if unknown:
-        raise InvalidConsumerOptionsError(
-            f"secondary_index has unknown option(s) {unknown}; allowed: {sorted(_ALLOWED)}"
-        )
+    reject_unknown_options("secondary_index", options, _ALLOWED)
     try:
         out: dict[str, Any] = {
             "columns": identifier_list(options.get("columns"), "secondary_index", "columns"),
@@ -40,9 +35,7 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 options.get("primary_key"), "secondary_index", "primary_key"
             ),
         }
-        for name in ("target_database", "target_table"):
-            value = options.get(name)
-            out[name] = None if value is None else validate_identifier(value, name)
+        out.update(target_options(options))
     except InvalidIdentifierError as exc:
         raise InvalidConsumerOptionsError(f"secondary_index: {exc}") from None
     return out
