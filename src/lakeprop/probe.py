@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -36,19 +37,26 @@ class DeltaLogProbe:
             self._fs[key] = path.getFileSystem(self._conf)
         return self._fs[key]
 
-    def _checkpoint_version(self, log: Any) -> int | None:
+    def _lines(self, log: Any, name: str) -> Iterator[str]:
+        """The lines of a file in the log directory (none if it does not exist)."""
         fs = self._filesystem(log)
-        pointer = self._jvm.org.apache.hadoop.fs.Path(log, "_last_checkpoint")
-        if not fs.exists(pointer):
-            return None
-        stream = fs.open(pointer)
+        path = self._jvm.org.apache.hadoop.fs.Path(log, name)
+        if not fs.exists(path):
+            return
+        stream = fs.open(path)
         try:
             reader = self._jvm.java.io.BufferedReader(
                 self._jvm.java.io.InputStreamReader(stream, "UTF-8")
             )
             line = reader.readLine()
+            while line is not None:
+                yield str(line)
+                line = reader.readLine()
         finally:
             stream.close()
+
+    def _checkpoint_version(self, log: Any) -> int | None:
+        line = next(self._lines(log, "_last_checkpoint"), None)
         try:
             return int(json.loads(line)["version"]) if line else None
         except (ValueError, KeyError, TypeError):
@@ -92,21 +100,12 @@ class DeltaLogProbe:
         log = self._log_path(location)
         fs = self._filesystem(log)
         for version in range(latest, max(-1, latest - lookback), -1):
-            path = self._jvm.org.apache.hadoop.fs.Path(log, f"{version:020d}.json")
-            if not fs.exists(path):
+            name = f"{version:020d}.json"
+            if not fs.exists(self._jvm.org.apache.hadoop.fs.Path(log, name)):
                 return None
-            stream = fs.open(path)
-            try:
-                reader = self._jvm.java.io.BufferedReader(
-                    self._jvm.java.io.InputStreamReader(stream, "UTF-8")
-                )
-                line = reader.readLine()
-                while line is not None:
-                    if '"txn"' in line:
-                        txn = json.loads(line).get("txn") or {}
-                        if txn.get("appId") == app_id:
-                            return int(txn["version"])
-                    line = reader.readLine()
-            finally:
-                stream.close()
+            for line in self._lines(log, name):
+                if '"txn"' in line:
+                    txn = json.loads(line).get("txn") or {}
+                    if txn.get("appId") == app_id:
+                        return int(txn["version"])
         return None

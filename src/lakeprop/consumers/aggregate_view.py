@@ -255,7 +255,15 @@ class AggregateViewConsumer(Consumer):
         updated = joined.select(*columns)
         if extremes:
             updated = self._recompute_extremes(updated, extremes, to_version)
-        shaped = self._shape(updated)
+        shaped = self._shape(updated).persist()
+        try:
+            written = int(shaped.count())
+            self._write(shaped, to_version)
+        finally:
+            shaped.unpersist()
+        return written
+
+    def _write(self, shaped: DataFrame, to_version: int) -> None:
         on = _null_safe(self.group_by, "t", "s")
         assignments: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in shaped.columns}
         with self.context.idempotent(to_version):
@@ -268,7 +276,6 @@ class AggregateViewConsumer(Consumer):
                 .whenNotMatchedInsert(condition=F.col(f"s.{ROWS}") > 0, values=assignments)
                 .execute()
             )
-        return int(shaped.count())
 
     def _recompute_extremes(
         self, updated: DataFrame, extremes: list[dict[str, Any]], to_version: int
