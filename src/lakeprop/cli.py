@@ -6,6 +6,7 @@
     lakeprop update-spec --database sales --table orders --name copy --priority 5
     lakeprop status --database sales --table orders --name copy
     lakeprop list --state error
+    lakeprop search --database kb --table articles --name text "delta merge" --limit 5
     lakeprop unregister --database sales --table orders --name copy
 """
 
@@ -164,6 +165,19 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from lakeprop.search import search
+    from lakeprop.session import build_session
+
+    config = _config(args)
+    spark = build_session(config.spark)
+    spark.sparkContext.setLogLevel("ERROR")
+    hits = search(spark, config, _key(args), args.query, limit=args.limit, fields=args.field)
+    for hit in hits:
+        print(json.dumps({"score": round(hit.score, 6), "key": hit.key}, default=str))
+    return 0
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     from lakeprop.localkafka import LocalKafka
 
@@ -225,6 +239,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state", choices=["pending", "running", "completed", "error", "canceled"])
     p.add_argument("--account", type=int)
     p.add_argument("--all", action="store_true", help="include dropped jobs")
+    p = sub.add_parser("search", help="rank documents of a fulltext_index job with BM25")
+    _add_key(p)
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--field", action="append", help="search only this indexed column (repeatable)")
     p = sub.add_parser("broker", help="the local development Kafka broker")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--data-dir")
@@ -246,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "update-spec": lambda a: _send(a, "update-spec"),
         "status": cmd_status,
         "list": cmd_list,
+        "search": cmd_search,
         "broker": cmd_broker,
     }
     try:

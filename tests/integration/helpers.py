@@ -126,13 +126,19 @@ def running(spark: SparkSession, config: AppConfig) -> Iterator[PropagationApp]:
         app.shutdown()
 
 
-def cdf_source(spark: SparkSession, config: AppConfig, database: str, table: str) -> str:
+def cdf_source(
+    spark: SparkSession,
+    config: AppConfig,
+    database: str,
+    table: str,
+    schema: str = SOURCE_SCHEMA,
+) -> str:
     """An empty source table with the Change Data Feed on; returns its path."""
     path = f"{config.tables.warehouse}/{database}/{table}"
     (
         DeltaTable.create(spark)
         .location(path)
-        .addColumns(spark.createDataFrame([], SOURCE_SCHEMA).schema)
+        .addColumns(spark.createDataFrame([], schema).schema)
         .property("delta.enableChangeDataFeed", "true")
         .execute()
     )

@@ -146,9 +146,15 @@ def consumer_type_names() -> list[str]:
 
 
 def _register_builtins() -> None:
-    from lakeprop.consumers import aggregate_view, kafka_changefeed, replica, secondary_index
+    from lakeprop.consumers import (
+        aggregate_view,
+        fulltext_index,
+        kafka_changefeed,
+        replica,
+        secondary_index,
+    )
 
-    for module in (replica, secondary_index, aggregate_view, kafka_changefeed):
+    for module in (replica, secondary_index, fulltext_index, aggregate_view, kafka_changefeed):
         register_consumer_type(module.CONSUMER_TYPE)
 
 

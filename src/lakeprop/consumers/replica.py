@@ -26,6 +26,7 @@ from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
 from lakeprop.identifiers import validate_identifier
+from lakeprop.spec import JobKey
 
 if TYPE_CHECKING:
     from lakeprop.tables import TableHandle
@@ -55,14 +56,18 @@ def target_options(options: Mapping[str, Any]) -> dict[str, str | None]:
     }
 
 
-def target_name(context: ConsumerContext) -> TableHandle:
-    """The target table: the options' target_database/target_table, or
-    <source database>.<source table>_<job name>."""
-    options = context.options
-    return context.locate(
-        options.get("target_database") or context.key.database,
-        options.get("target_table") or f"{context.key.table}_{context.key.job_name}",
+def target_table(key: JobKey, options: Mapping[str, Any]) -> tuple[str, str]:
+    """(database, table) of a consumer's target: the options' target_database and
+    target_table, or <source database>.<source table>_<job name>."""
+    return (
+        options.get("target_database") or key.database,
+        options.get("target_table") or f"{key.table}_{key.job_name}",
     )
+
+
+def target_name(context: ConsumerContext) -> TableHandle:
+    """The target table of the job ``context`` serves."""
+    return context.locate(*target_table(context.key, context.options))
 
 
 def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
