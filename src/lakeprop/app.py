@@ -13,6 +13,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from lakeprop.catalog import JobCatalog, JobState
 from lakeprop.config import AppConfig
 from lakeprop.history import IterationHistory
+from lakeprop.lock import CheckpointLock
 from lakeprop.outcomes import OutcomeTables
 from lakeprop.runner import Runner
 from lakeprop.scheduler import Scheduler
@@ -37,6 +38,8 @@ class PropagationApp:
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
         self.scheduler: Scheduler | None = None
+        self.lock = CheckpointLock(spark, config.state.checkpoint_location)
+        self._locked = False
         self.runner = Runner(
             spark,
             config.engine,
@@ -81,6 +84,9 @@ class PropagationApp:
             from lakeprop.client import ensure_topic  # needs confluent-kafka
 
             ensure_topic(self.config.kafka)
+        if not self._locked:
+            self.lock.acquire()  # before any state is touched
+            self._locked = True
         self.prepare()
         engine = self.config.engine
         if engine.enabled and self.scheduler is None:
@@ -125,11 +131,16 @@ class PropagationApp:
             raise RuntimeError(f"query {self.config.query_name} failed: {exception}")
 
     def shutdown(self) -> None:
-        """Cancel running iterations, record what finished, stop the workers."""
-        if self.scheduler is None:
-            return
-        results = self.scheduler.shutdown()
-        self.runner.scheduler = None
-        self.scheduler = None
-        self.runner.record_results(results)
-        self.catalog.commit_staged()
+        """Cancel running iterations, record what finished, stop the workers, unlock.
+
+        Call it once the query has stopped.
+        """
+        if self.scheduler is not None:
+            results = self.scheduler.shutdown()
+            self.runner.scheduler = None
+            self.scheduler = None
+            self.runner.record_results(results)
+            self.catalog.commit_staged()
+        if self._locked:
+            self.lock.release()
+            self._locked = False

@@ -75,10 +75,12 @@ def _print(obj: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from lakeprop import faults
     from lakeprop.app import PropagationApp
     from lakeprop.session import build_session
 
     config = _config(args)
+    faults.arm_from_env()
     broker = _maybe_start_broker(config)
     stop = threading.Event()
 

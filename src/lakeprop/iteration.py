@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from lakeprop.consumers import get_consumer_type
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.errors import ErrorCode, LakepropError
+from lakeprop.faults import fault_point
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables import TableHandle
 from lakeprop.triggers import IterationKind, IterationPlan, Member
@@ -158,8 +159,14 @@ def run_iteration(
             result.source_scans += 1
             result.rows_read = int(data.count())
         assert data is not None
-        for job in jobs:
+        fault_point("iteration.before_write")
+        for i, job in enumerate(jobs):
+            if i:
+                fault_point("iteration.between_consumers")
             result.members.append(_consume(spark, result.kind, plan, job, data, locate, token))
+            if i == 0 and result.kind is IterationKind.SNAPSHOT:
+                fault_point("iteration.snapshot")
+        fault_point("iteration.after_writes")
     except Exception as exc:
         code, message = _error(exc, token)
         if not token.cancelled and not source.exists():

@@ -33,6 +33,7 @@ from lakeprop.catalog import CatalogRow, JobCatalog, JobState, RowId, apply_comm
 from lakeprop.changelog import Command, LogRecord, best_effort_request_id, decode
 from lakeprop.config import EngineConfig
 from lakeprop.errors import ErrorCode, InvalidMessageError
+from lakeprop.faults import fault_point
 from lakeprop.history import IterationHistory
 from lakeprop.iteration import CancelToken, IterationResult, MemberJob, run_iteration
 from lakeprop.outcomes import Outcome, OutcomeTables, Verdict
@@ -146,6 +147,8 @@ class Runner:
                 self.tick()
             t3 = time.monotonic()
             written = self.catalog.commit_staged()
+            if written:
+                fault_point("catalog.written")
             log.debug(
                 "batch %d took %.2fs: %d result(s) %.2fs, log %.2fs, selection %.2fs, "
                 "%d catalog row(s) written %.2fs",
@@ -171,6 +174,7 @@ class Runner:
             return 0
         rows = self.catalog.by_id()
         self.history.record(results, {r.job_id: r.job_name for r in rows.values()})
+        fault_point("history.written")
         changed = advance(
             rows,
             results,
@@ -189,6 +193,7 @@ class Runner:
             return BatchSummary(batch_id, 0, 0, 0, 0)
         self.tables.forget()
         commands, verdicts = decode_all(records, self.max_message_bytes)
+        fault_point("batch.decoded")
         result = apply_commands(
             self.catalog.rows(),
             commands,
@@ -378,6 +383,7 @@ class Runner:
 
     def _housekeeping(self, now: float) -> None:
         if now - self._last_flush >= self.engine.watermark_flush_interval:
+            fault_point("watermarks.flush")
             flushed = self.catalog.flush()
             self._last_flush = now
             log.info("flushed the watermark times of %d idle job(s)", flushed)
@@ -391,6 +397,8 @@ class Runner:
         doomed = [
             r.row_id for r in self.catalog.rows() if r.drop_at is not None and r.drop_at < cutoff
         ]
+        if doomed:
+            fault_point("gc.run")
         self.catalog.delete(doomed)
         for row_id in doomed:
             self._specs.pop(row_id, None)

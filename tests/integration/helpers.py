@@ -31,6 +31,7 @@ def run_once(spark: SparkSession, config: AppConfig) -> PropagationApp:
     finally:
         if query.isActive:
             query.stop()
+        app.shutdown()
     assert query.exception() is None, query.exception()
     return app
 

@@ -1,0 +1,120 @@
+"""Named fault points: where crash tests make the process die or raise.
+
+Off unless armed. Armed from the environment when the service starts::
+
+    LAKEPROP_FAULTS="catalog.written=kill@3,iteration.between_consumers=raise"
+
+``<point>=<action>[@<n>]`` fires on the n-th time the point is reached (default
+the first), once. ``kill`` ends the process with SIGKILL at once, and its whole
+process group when that group is a session of its own (``spark-submit.sh``
+starts spark-submit that way), so the JVM dies too and nothing is flushed;
+``raise`` raises :class:`InjectedFault`, a temporary error. Tests arm points
+with :func:`arm` and clear them with :func:`disarm`.
+
+When nothing is armed a fault point is one call that tests an empty dict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+from lakeprop.errors import InvalidConfigError, TemporaryError
+
+log = logging.getLogger(__name__)
+
+ENV = "LAKEPROP_FAULTS"
+
+POINTS = {
+    "batch.decoded": "a change log batch is decoded, nothing of it written yet",
+    "catalog.written": "a micro-batch wrote the catalog, the checkpoint not yet committed",
+    "history.written": "finished iterations are in the history, their watermarks not yet",
+    "iteration.before_write": "an iteration read its changes, no consumer wrote yet",
+    "iteration.between_consumers": "one consumer of an iteration wrote, the next not yet",
+    "iteration.after_writes": "every consumer wrote, the watermarks not yet advanced",
+    "iteration.snapshot": "an initial sync (snapshot) is half written",
+    "watermarks.flush": "the watermark flush is about to write",
+    "gc.run": "garbage collection is about to delete dropped jobs",
+}
+ACTIONS = ("kill", "raise")
+
+
+class InjectedFault(TemporaryError):
+    """Raised by an armed ``raise`` fault point."""
+
+
+@dataclass
+class _Fault:
+    action: str
+    at_hit: int
+    hits: int = 0
+    fired: bool = False
+
+
+_armed: dict[str, _Fault] = {}
+_lock = threading.Lock()
+
+
+def parse(spec: str) -> dict[str, tuple[str, int]]:
+    """``point=action[@n],...`` -> {point: (action, n)}, or InvalidConfigError."""
+    faults: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        point, sep, rest = item.partition("=")
+        action, _, count = rest.partition("@")
+        if not sep or point not in POINTS:
+            raise InvalidConfigError(
+                f"{ENV}: unknown fault point in {item!r}; known: {sorted(POINTS)}"
+            )
+        if action not in ACTIONS:
+            raise InvalidConfigError(f"{ENV}: action of {item!r} must be one of {ACTIONS}")
+        if count and (not count.isdigit() or int(count) < 1):
+            raise InvalidConfigError(f"{ENV}: hit count of {item!r} must be a positive integer")
+        faults[point] = (action, int(count or 1))
+    return faults
+
+
+def arm(spec: str) -> None:
+    """Arm the fault points ``spec`` names (replacing any armed before)."""
+    parsed = parse(spec)
+    with _lock:
+        _armed.clear()
+        _armed.update({p: _Fault(action, n) for p, (action, n) in parsed.items()})
+    if parsed:
+        log.warning("fault points armed: %s", spec)
+
+
+def arm_from_env() -> None:
+    arm(os.environ.get(ENV, ""))
+
+
+def disarm() -> None:
+    with _lock:
+        _armed.clear()
+
+
+def fault_point(name: str) -> None:
+    """Die or raise here if ``name`` is armed and due; otherwise nothing."""
+    if _armed:
+        _reach(name)
+
+
+def _reach(name: str) -> None:
+    with _lock:
+        fault = _armed.get(name)
+        if fault is None or fault.fired:
+            return
+        fault.hits += 1
+        if fault.hits < fault.at_hit:
+            return
+        fault.fired = True
+    log.warning("fault point %s: %s", name, fault.action)
+    if fault.action == "raise":
+        raise InjectedFault(f"injected fault at {name}")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    if os.getpgrp() == os.getsid(0):  # a session of our own: the JVM goes with us
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

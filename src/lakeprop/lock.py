@@ -1,0 +1,190 @@
+"""One running service per checkpoint.
+
+Two instances on one checkpoint would both apply the change log and both run
+iterations, racing on every state table. The first instance to start takes a
+lock in the checkpoint directory; a second one refuses to start, naming the
+holder.
+
+* A local checkpoint (a plain path) gets an exclusive ``flock`` on
+  ``<checkpoint>/lakeprop.lock``. The kernel drops it when the holder dies,
+  however it dies, so a restart after a crash never waits.
+* A checkpoint on a Hadoop file system (``s3a://``, ``abfss://``, ``dbfs:/``,
+  ``file:/``...) gets a lease file, ``<checkpoint>/lakeprop.lease``, that the
+  holder renews every ``ttl / 4`` seconds. A lease not renewed for ``ttl``
+  seconds is stale and is taken over, so a restart after a crash waits at most
+  ``ttl``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+from pyspark.sql import SparkSession
+
+from lakeprop.errors import ErrorCode, PermanentError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "lakeprop.lock"
+LEASE_FILE = "lakeprop.lease"
+
+
+class CheckpointInUseError(PermanentError):
+    """Another instance of the service runs on this checkpoint."""
+
+    default_code = ErrorCode.CHECKPOINT_IN_USE
+
+
+def _owner() -> dict[str, Any]:
+    return {
+        "owner": uuid.uuid4().hex,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _refusal(location: str, holder: dict[str, Any]) -> CheckpointInUseError:
+    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    return CheckpointInUseError(
+        f"checkpoint {location} is in use by another lakeprop instance ({who}, since "
+        f"{holder.get('since', '?')}); stop that instance first, or give this one its own "
+        "state.checkpoint_location and state.location"
+    )
+
+
+class CheckpointLock:
+    """Held from :meth:`acquire` to :meth:`release` (or the end of the process)."""
+
+    def __init__(self, spark: SparkSession, location: str, ttl: float = 60.0) -> None:
+        self.spark = spark
+        self.location = location.rstrip("/")
+        self.ttl = ttl
+        self.me = _owner()
+        self._file: IO[str] | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @property
+    def local(self) -> bool:
+        return "://" not in self.location and not self.location.split("/", 1)[0].endswith(":")
+
+    def acquire(self) -> None:
+        if self.local:
+            self._acquire_flock()
+        else:
+            self._acquire_lease()
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+        if self._renewer is not None:
+            self._stop.set()
+            self._renewer.join(timeout=5)
+            self._renewer = None
+            try:
+                if self._read_lease().get("owner") == self.me["owner"]:
+                    self._fs().delete(self._lease_path(), False)
+            except Exception as exc:  # the lease expires anyway
+                log.warning("could not remove lease %s: %s", self._lease_path(), exc)
+
+    # -- local: flock ---------------------------------------------------------------------
+
+    def _acquire_flock(self) -> None:
+        directory = Path(self.location)
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / LOCK_FILE, "a+")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            text = handle.read()
+            handle.close()
+            raise _refusal(self.location, _parse(text)) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(self.me))
+        handle.flush()
+        self._file = handle
+
+    # -- remote: lease --------------------------------------------------------------------
+
+    def _fs(self) -> Any:
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
+        return jvm.org.apache.hadoop.fs.Path(self.location).getFileSystem(conf)
+
+    def _lease_path(self) -> Any:
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        return jvm.org.apache.hadoop.fs.Path(f"{self.location}/{LEASE_FILE}")
+
+    def _read_lease(self) -> dict[str, Any]:
+        fs, path = self._fs(), self._lease_path()
+        if not fs.exists(path):
+            return {}
+        stream = fs.open(path)
+        try:
+            jvm = self.spark.sparkContext._jvm
+            assert jvm is not None
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        return _parse(str(text))
+
+    def _write_lease(self) -> None:
+        stream = self._fs().create(self._lease_path(), True)
+        try:
+            stream.write(json.dumps({**self.me, "renewed": time.time()}).encode())
+        finally:
+            stream.close()
+
+    def _acquire_lease(self) -> None:
+        holder = self._read_lease()
+        if holder and time.time() - float(holder.get("renewed", 0)) < self.ttl:
+            raise _refusal(self.location, holder)
+        self._write_lease()
+        time.sleep(min(1.0, self.ttl / 10))  # let a racing writer's lease land, then check
+        holder = self._read_lease()
+        if holder.get("owner") != self.me["owner"]:
+            raise _refusal(self.location, holder)
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew, name="lakeprop-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                holder = self._read_lease()
+                if holder and holder.get("owner") != self.me["owner"]:
+                    log.error(
+                        "lease %s was taken over by pid %s on %s: this instance was not renewing "
+                        "it and must be stopped",
+                        self._lease_path(),
+                        holder.get("pid"),
+                        holder.get("host"),
+                    )
+                    return
+                self._write_lease()
+            except Exception as exc:
+                log.warning("could not renew lease %s: %s", self._lease_path(), exc)
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
