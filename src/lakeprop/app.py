@@ -7,14 +7,17 @@ import threading
 import time
 from dataclasses import replace
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.catalog import JobCatalog, JobState
 from lakeprop.config import AppConfig
+from lakeprop.errors import TemporaryError
 from lakeprop.history import IterationHistory
 from lakeprop.lock import CheckpointLock
 from lakeprop.outcomes import OutcomeTables
+from lakeprop.retry import retry_delay
 from lakeprop.runner import Runner
 from lakeprop.scheduler import Scheduler
 from lakeprop.state import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
@@ -108,16 +111,58 @@ class PropagationApp:
     def run_until(
         self, stop: threading.Event, poll_seconds: int = 1, drain_seconds: float = 120.0
     ) -> None:
-        """Run the query until ``stop`` is set (a signal) or the query fails.
+        """Run the query until ``stop`` is set (a signal), restarting it when it fails.
 
         On stop it waits for the micro-batch in progress to finish before stopping
         the query. Stopping in the middle of one would also be safe (Delta commits
         are atomic and a replayed batch changes nothing) but costs a replay.
+
+        A failed query (the broker gone for longer than the Kafka source retries,
+        storage trouble) is restarted on its checkpoint after a backoff of
+        ``engine.retry_base`` doubling up to ``engine.retry_max``; after
+        ``engine.max_query_restarts`` failures in a row the service gives up and
+        raises. A query that ran for ``engine.retry_max`` counts as recovered.
         """
-        query = self.start()
+        engine = self.config.engine
+        failures = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            error = self._run_once_until(stop, poll_seconds, drain_seconds)
+            if error is None or stop.is_set():
+                return
+            failures = 1 if time.monotonic() - started >= engine.retry_max else failures + 1
+            if failures > engine.max_query_restarts:
+                raise RuntimeError(
+                    f"query {self.config.query_name} failed {failures} times in a row; "
+                    f"last error: {error}"
+                )
+            delay = retry_delay(failures, engine.retry_base, engine.retry_max)
+            log.error(
+                "query %s failed (%s); restarting on its checkpoint in %.0fs (failure %d of at "
+                "most %d in a row)",
+                self.config.query_name,
+                error,
+                delay,
+                failures,
+                engine.max_query_restarts,
+            )
+            stop.wait(delay)
+
+    def _run_once_until(
+        self, stop: threading.Event, poll_seconds: int, drain_seconds: float
+    ) -> str | None:
+        """Start the query and run it until ``stop`` or a failure; the failure, or None."""
+        try:
+            query = self.start()
+        except TemporaryError as exc:  # the broker is not reachable yet
+            self.shutdown()
+            return str(exc)
         try:
             while not stop.is_set() and query.isActive:
-                query.awaitTermination(poll_seconds)
+                try:
+                    query.awaitTermination(poll_seconds)
+                except StreamingQueryException:
+                    break
         finally:
             deadline = time.monotonic() + drain_seconds
             while self.runner.busy and query.isActive and time.monotonic() < deadline:
@@ -127,8 +172,10 @@ class PropagationApp:
                 query.stop()
             self.shutdown()
         exception = query.exception()
-        if exception is not None and not stop.is_set():
-            raise RuntimeError(f"query {self.config.query_name} failed: {exception}")
+        if exception is None:
+            return None
+        lines = str(exception).strip().splitlines()
+        return lines[0][:500] if lines else type(exception).__name__
 
     def shutdown(self) -> None:
         """Cancel running iterations, record what finished, stop the workers, unlock.

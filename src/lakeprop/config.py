@@ -162,9 +162,12 @@ class EngineConfig:
     gc_interval: float = 3600.0
     gc_retention: float = 86400.0
     """Dropped jobs' catalog rows are removed this long after their drop."""
+    max_query_restarts: int = 20
+    """A failed streaming query is restarted with backoff this many times in a row."""
 
     def __post_init__(self) -> None:
         _positive(self.workers, "engine.workers")
+        _positive(self.max_query_restarts, "engine.max_query_restarts")
         for f in fields(self):
             if f.name in _DURATIONS:
                 _positive(getattr(self, f.name), f"engine.{f.name}")

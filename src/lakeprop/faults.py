@@ -8,7 +8,9 @@ Off unless armed. Armed from the environment when the service starts::
 the first), once. ``kill`` ends the process with SIGKILL at once, and its whole
 process group when that group is a session of its own (``spark-submit.sh``
 starts spark-submit that way), so the JVM dies too and nothing is flushed;
-``raise`` raises :class:`InjectedFault`, a temporary error. Tests arm points
+``raise`` raises :class:`InjectedFault`, a temporary error. With
+``LAKEPROP_FAULTS_RECORD`` set, a point appends its name to that file before
+it fires. Tests arm points
 with :func:`arm` and clear them with :func:`disarm`.
 
 When nothing is armed a fault point is one call that tests an empty dict.
@@ -27,6 +29,8 @@ from lakeprop.errors import InvalidConfigError, TemporaryError
 log = logging.getLogger(__name__)
 
 ENV = "LAKEPROP_FAULTS"
+RECORD_ENV = "LAKEPROP_FAULTS_RECORD"
+"""A file each fault point appends its name to before it fires (for harnesses)."""
 
 POINTS = {
     "batch.decoded": "a change log batch is decoded, nothing of it written yet",
@@ -111,6 +115,12 @@ def _reach(name: str) -> None:
             return
         fault.fired = True
     log.warning("fault point %s: %s", name, fault.action)
+    record = os.environ.get(RECORD_ENV)
+    if record:  # stderr may not get out before the kill; a file does
+        with open(record, "a") as out:
+            out.write(f"{name}={fault.action}\n")
+            out.flush()
+            os.fsync(out.fileno())
     if fault.action == "raise":
         raise InjectedFault(f"injected fault at {name}")
     for handler in logging.getLogger().handlers:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -120,6 +121,14 @@ def _error(exc: BaseException, token: CancelToken) -> tuple[int, str]:
     if isinstance(exc, LakepropError):
         return exc.code, str(exc)
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, AnalysisException):
+        # A query that does not resolve (a target altered underneath the job, a
+        # column gone) fails the same way on every retry.
+        return (
+            int(ErrorCode.CONSUMER_FAILED),
+            f"{first_line[:1000]} (a retry will not fix this: repair the target table, or "
+            "update or re-register the job)",
+        )
     return int(ErrorCode.CONSUMER_ERROR), f"{type(exc).__name__}: {first_line[:1000]}"
 
 

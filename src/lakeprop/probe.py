@@ -71,6 +71,28 @@ class DeltaLogProbe:
         checkpoint = self._checkpoint_version(log)
         return checkpoint is not None and checkpoint > version
 
+    def has_version(self, location: str, version: int) -> bool:
+        """True when the log still holds ``version`` (its commit file, or a later checkpoint).
+
+        False means the table was dropped, or replaced by a younger one: a table
+        never loses its latest commit file to log clean-up.
+        """
+        log = self._log_path(location)
+        fs = self._filesystem(log)
+        if fs.exists(self._jvm.org.apache.hadoop.fs.Path(log, f"{version:020d}.json")):
+            return True
+        checkpoint = self._checkpoint_version(log)
+        return checkpoint is not None and checkpoint >= version
+
+    def table_id(self, location: str) -> str | None:
+        """The table's identity from its first commit, or None when that file is gone
+        (no table, or log clean-up removed it: ask Delta then)."""
+        for line in self._lines(self._log_path(location), f"{0:020d}.json"):
+            if '"metaData"' in line:
+                metadata = json.loads(line).get("metaData") or {}
+                return str(metadata["id"]) if "id" in metadata else None
+        return None
+
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
         log = self._log_path(location)

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from lakeprop.catalog import CatalogRow, JobCatalog, JobState, RowId, apply_commands
 from lakeprop.changelog import Command, LogRecord, best_effort_request_id, decode
 from lakeprop.config import EngineConfig
-from lakeprop.errors import ErrorCode, InvalidMessageError
+from lakeprop.errors import ErrorCode, InvalidMessageError, SourceTableError
 from lakeprop.faults import fault_point
 from lakeprop.history import IterationHistory
 from lakeprop.iteration import CancelToken, IterationResult, MemberJob, run_iteration
@@ -319,11 +319,15 @@ class Runner:
             probed += 1
             location = self._location(table)
             if since is not None and not self.probe.has_version_after(location, since):
+                if not self.probe.has_version(location, since):
+                    # the version the jobs stand on is gone: dropped or replaced
+                    self._locations.pop(table, None)
+                    views = self._same_source(table, views, rows, changed)
                 fresh += [v.ref for v in views if is_eligible(v, now)]
                 continue
             latest = self.probe.latest_version(location)
-            if latest is None:
-                self._source_gone(table, views, rows, changed)
+            views = self._same_source(table, views, rows, changed, latest)
+            if latest is None or not views:
                 continue
             changed_tables += 1
             table_plan = plan_table(table, views, latest, now)
@@ -331,25 +335,70 @@ class Runner:
             fresh += table_plan.fresh
         return plans, fresh, probed, changed_tables
 
-    def _source_gone(
+    def _same_source(
         self,
         table: TableRef,
         views: Sequence[JobView],
         rows: Mapping[RowId, CatalogRow],
         changed: dict[RowId, CatalogRow],
-    ) -> None:
-        message = f"source {table} no longer exists or is not a Delta table; re-register the job"
-        status = json.dumps(
-            {"error_code": int(ErrorCode.SOURCE_NOT_DELTA), "error_msg": message},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        latest: int | None = 0,
+    ) -> list[JobView]:
+        """The views whose jobs still follow the table they were registered on.
+
+        The others go to ``error`` (permanent) with a message saying to
+        re-register: their source was dropped, or replaced by a table with a new
+        identity (a TRUNCATE-like re-create), whose versions do not continue the
+        ones their watermarks count.
+        """
+        current = None if latest is None else self._table_id(table)
+        if current is None:
+            message = (
+                f"source {table} no longer exists or is not a Delta table; re-register the job"
+            )
+            self._fail(views, rows, changed, ErrorCode.SOURCE_NOT_DELTA, message)
+            return []
+        keep = [v for v in views if rows[v.ref].table_id == current]
         for view in views:
-            if not view.in_flight:
-                changed[view.ref] = replace(
-                    rows[view.ref], job_state=JobState.ERROR.value, job_status=status
+            if view not in keep:
+                message = (
+                    f"source {table} was replaced by a new table (id {current}; the job was "
+                    f"registered on id {rows[view.ref].table_id}), so its changes cannot follow "
+                    "the job's watermark; re-register the job to sync from the new table"
                 )
-        log.error("%s", message)
+                self._fail([view], rows, changed, ErrorCode.SOURCE_REPLACED, message)
+        return keep
+
+    def _table_id(self, table: TableRef) -> str | None:
+        """The source's current identity; None when it does not exist."""
+        table_id = self.probe.table_id(self._location(table))
+        if table_id is not None:
+            return table_id
+        self.tables.forget()
+        try:  # the first commit file was cleaned up: ask Delta
+            return self.tables.describe(table.database, table.table).table_id
+        except SourceTableError:
+            return None
+
+    def _fail(
+        self,
+        views: Sequence[JobView],
+        rows: Mapping[RowId, CatalogRow],
+        changed: dict[RowId, CatalogRow],
+        code: ErrorCode,
+        message: str,
+    ) -> None:
+        status = json.dumps(
+            {"error_code": int(code), "error_msg": message}, sort_keys=True, separators=(",", ":")
+        )
+        failed = [v for v in views if not v.in_flight and not v.failed]
+        for view in failed:
+            changed[view.ref] = replace(
+                changed.get(view.ref) or rows[view.ref],
+                job_state=JobState.ERROR.value,
+                job_status=status,
+            )
+        if failed:
+            log.error("job(s) %s: %s", [rows[v.ref].job_id for v in failed], message)
 
     def _submit(self, plan: IterationPlan, rows: Mapping[RowId, CatalogRow]) -> None:
         assert self.scheduler is not None

@@ -4,16 +4,35 @@ sources dropped or replaced, targets dropped or altered, a fuzzed change log."""
 from __future__ import annotations
 
 import json
+import shutil
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
 from lakeprop.app import PropagationApp
+from lakeprop.client import LakepropClient
 from lakeprop.config import AppConfig
+from lakeprop.errors import ErrorCode
+from lakeprop.localkafka import LocalKafka
 from lakeprop.lock import LEASE_FILE, CheckpointInUseError, CheckpointLock
-from tests.integration.helpers import run_once, running
+from lakeprop.spec import JobKey
+from tests.conftest import assert_eventually
+from tests.integration.helpers import (
+    SOURCE_SCHEMA,
+    catalog_df,
+    cdf_source,
+    job_row,
+    make_source,
+    run_once,
+    running,
+    table,
+    wait_for_watermark,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -48,3 +67,142 @@ def test_a_lease_on_a_hadoop_file_system_checkpoint(spark: SparkSession, tmp_pat
     taker = CheckpointLock(spark, location, ttl=4.0)
     taker.acquire()
     taker.release()
+
+
+def register(client: LakepropClient, key: JobKey, consumer: dict[str, Any]) -> None:
+    client.register_job(key, {"trigger": {"kind": "greedy"}, "iteration": {"consumer": consumer}})
+
+
+def status(spark: SparkSession, config: AppConfig, key: JobKey) -> tuple[str, int, str]:
+    row = job_row(spark, config, key)
+    decoded = json.loads(row["job_status"])
+    return row["job_state"], decoded.get("error_code", 0), decoded.get("error_msg", "")
+
+
+def wait_for_error(spark: SparkSession, config: AppConfig, key: JobKey, code: ErrorCode) -> str:
+    def failed() -> str:
+        state, error_code, message = status(spark, config, key)
+        assert (state, error_code) == ("error", code), (state, error_code, message)
+        return message
+
+    return assert_eventually(failed, timeout=90)
+
+
+def add_rows(spark: SparkSession, path: str, ids: range) -> None:
+    spark.createDataFrame([(i, f"n{i}", float(i)) for i in ids], SOURCE_SCHEMA).write.format(
+        "delta"
+    ).mode("append").save(path)
+
+
+def test_dropped_and_replaced_sources_fail_their_jobs_and_others_carry_on(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    paths = {t: cdf_source(spark, app_config, "s", t) for t in ("gone", "swapped", "small", "ok")}
+    for path in paths.values():
+        add_rows(spark, path, range(1, 4))
+        add_rows(spark, path, range(4, 6))
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    keys = {t: JobKey(1, "s", t, "copy") for t in paths}
+    for key in keys.values():
+        register(client, key, {"type": "replica", "options": {"primary_key": ["id"]}})
+
+    with running(spark, app_config):
+        for key in keys.values():
+            wait_for_watermark(spark, app_config, key, 2)
+        shutil.rmtree(paths["gone"])
+        # the TRUNCATE case: a new table where the old one was, younger or older than 2
+        for t, commits in (("swapped", 4), ("small", 0)):
+            shutil.rmtree(paths[t])
+            cdf_source(spark, app_config, "s", t)
+            for c in range(commits):
+                add_rows(spark, paths[t], range(10 * c, 10 * c + 2))
+        add_rows(spark, paths["ok"], range(6, 8))
+
+        gone = wait_for_error(spark, app_config, keys["gone"], ErrorCode.SOURCE_NOT_DELTA)
+        assert "no longer exists" in gone and "re-register" in gone
+        for t in ("swapped", "small"):
+            replaced = wait_for_error(spark, app_config, keys[t], ErrorCode.SOURCE_REPLACED)
+            assert "replaced by a new table" in replaced and "re-register" in replaced
+        wait_for_watermark(spark, app_config, keys["ok"], 3)
+        # re-registering follows the new table from scratch
+        client.unregister_job(keys["swapped"])
+        register(client, keys["swapped"], {"type": "replica", "options": {"primary_key": ["id"]}})
+        wait_for_watermark(spark, app_config, keys["swapped"], 4)
+
+    warehouse = app_config.tables.warehouse
+    for t in ("ok", "swapped"):
+        assert_df_equality(
+            spark.read.format("delta").load(f"{warehouse}/s/{t}_copy"),
+            spark.read.format("delta").load(paths[t]),
+            ignore_row_order=True,
+        )
+
+
+def test_a_dropped_or_altered_target_is_a_permanent_error_for_its_job_only(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    path = cdf_source(spark, app_config, "t", "src")
+    add_rows(spark, path, range(1, 4))
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    consumers = {
+        "dropped": {"type": "replica", "options": {"primary_key": ["id"]}},
+        "altered": {"type": "replica", "options": {"primary_key": ["id"]}},
+        "text": {"type": "fulltext_index", "options": {"columns": ["name"], "primary_key": ["id"]}},
+        "fine": {
+            "type": "secondary_index",
+            "options": {"columns": ["name"], "primary_key": ["id"]},
+        },
+    }
+    keys = {name: JobKey(1, "t", "src", name) for name in consumers}
+    for name, consumer in consumers.items():
+        register(client, keys[name], consumer)
+    warehouse = app_config.tables.warehouse
+
+    with running(spark, app_config):
+        for key in keys.values():
+            wait_for_watermark(spark, app_config, key, 1)
+        shutil.rmtree(f"{warehouse}/t/src_dropped")
+        shutil.rmtree(f"{warehouse}/t/src_text")
+        spark.createDataFrame([(1, 2)], "id INT, other INT").write.format("delta").mode(
+            "overwrite"
+        ).option("overwriteSchema", "true").save(f"{warehouse}/t/src_altered")
+        add_rows(spark, path, range(4, 6))
+
+        for name in ("dropped", "text"):
+            message = wait_for_error(spark, app_config, keys[name], ErrorCode.TARGET_MISSING)
+            assert "is missing" in message and "re-register" in message
+        altered = wait_for_error(spark, app_config, keys["altered"], ErrorCode.CONSUMER_FAILED)
+        assert "name" in altered
+        wait_for_watermark(spark, app_config, keys["fine"], 2)
+
+
+def test_the_service_survives_a_broker_outage_and_loses_nothing(
+    spark: SparkSession, app_config: AppConfig, kafka: LocalKafka
+) -> None:
+    make_source(spark, app_config, "b", "src")
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    spec = {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
+    before = client.register_job(JobKey(1, "b", "src", "before"), spec)
+    app = PropagationApp(spark, app_config)
+    stop = threading.Event()
+    runner = threading.Thread(target=app.run_until, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        assert client.wait_for_outcome(before, timeout=90)["outcome"] == "applied"
+        last = client.register_job(JobKey(1, "b", "src", "last_before"), spec)
+        client.close()
+        kafka.stop()
+        time.sleep(15)  # the query's Kafka reads fail meanwhile
+        kafka.start()
+        client = LakepropClient(app_config.kafka, app_config.state, spark)
+        after = client.register_job(JobKey(1, "b", "src", "after"), spec)
+        for receipt in (last, after):
+            assert client.wait_for_outcome(receipt, timeout=180)["outcome"] == "applied"
+        assert runner.is_alive()
+    finally:
+        stop.set()
+        runner.join(timeout=180)
+        client.close()
+    jobs = catalog_df(spark, app_config).select("job_name").collect()
+    assert sorted(r["job_name"] for r in jobs) == ["after", "before", "last_before"]
+    assert table(spark, app_config, "rejects").count() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -226,3 +227,96 @@ def test_an_update_that_breaks_the_spec_is_rejected_and_the_job_keeps_its_spec(
     reasons = sorted(r["reason"] for r in table(spark, app_config, "rejects").collect())
     assert "trigger.interval is required for a periodic trigger" in reasons[1]
     assert "has no column(s) ['ghost']" in reasons[0]
+
+
+NASTY = [
+    "x'; DROP TABLE orders; --",
+    'a"b',
+    "`tick`",
+    "naïve",
+    "名前",
+    "",
+    " ",
+    "a b",
+    "x" * 300,
+    "1st",
+    "a.b",
+    "\x00",
+    "emoji😀",
+]
+WRONG_TYPES: list[Any] = [None, 7, -1.5, True, [], ["a"], {}, {"a": 1}, "s"]
+
+
+def fuzzed(rng: random.Random, n: int, oversize: int) -> tuple[bytes | None, bytes | None]:
+    """One change log message that must be rejected: broken in one random way."""
+    key, value = message(n)
+    body = json.loads(value)
+    kind = rng.randrange(9)
+    if kind == 0:  # random bytes
+        return key, bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
+    if kind == 1:  # truncated JSON
+        return key, value[: rng.randint(0, len(value) - 2)]
+    if kind == 2:  # oversized
+        body["request_id"] = f"big-{n}"
+        body["padding"] = "x" * oversize
+    elif kind == 3:  # a bad identifier in the job key
+        body["job"][rng.choice(["database", "table", "name"])] = rng.choice(NASTY)
+    elif kind == 4:  # a wrongly typed envelope field
+        field = rng.choice(["version", "op", "job", "spec"])
+        body[field] = rng.choice([v for v in WRONG_TYPES if v != body[field]])
+    elif kind == 5:  # a wrongly typed job field
+        field = rng.choice(["account_id", "database", "table", "name"])
+        body["job"][field] = rng.choice(
+            [v for v in WRONG_TYPES if not isinstance(v, str) or field == "account_id"]
+        )
+    elif kind == 6:  # a bad consumer: unknown type, nasty column names, wrong option types
+        options = rng.choice(
+            [
+                {"primary_key": [rng.choice(NASTY)]},
+                {"primary_key": rng.choice(WRONG_TYPES[:5])},
+                {"primary_key": ["id"], rng.choice(NASTY) or "z": 1},
+            ]
+        )
+        body["spec"] = consumer_spec(
+            {"type": rng.choice(["replica", "secondary_index", "no_such_type"]), "options": options}
+        )
+    elif kind == 7:  # a bad trigger
+        body["spec"] = {
+            "trigger": rng.choice(
+                [
+                    {"kind": "sometimes"},
+                    {"kind": "periodic", "interval": rng.choice(["-1s", "soon", 0, None])},
+                    {"kind": "greedy", "share": "yes"},
+                ]
+            ),
+            "iteration": VALID_SPEC["iteration"],
+        }
+    else:  # a source that does not exist
+        body["job"]["table"] = f"missing_{n}"
+    if rng.random() < 0.5:  # unicode and quotes in free text must not matter
+        body["request_id"] = f"req-{n}-'\"-ü"
+    return key, json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
+
+
+def test_a_fuzzed_change_log_lands_in_rejects_and_changes_nothing_else(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    app_config = replace(app_config, kafka=replace(app_config.kafka, max_message_bytes=4096))
+    make_source(spark, app_config, "sales", "orders")
+    rng = random.Random(5)
+    fuzz = [fuzzed(rng, n, 5000) for n in range(1000, 3000)]
+    valid = [message(n) for n in range(10)]
+    messages = [*valid[:5], *fuzz, *valid[5:]]
+    coordinates = produce_raw(app_config.kafka.bootstrap_servers, app_config.kafka.topic, messages)
+
+    run_once(spark, app_config)
+
+    rejects = table(spark, app_config, "rejects").collect()
+    fuzz_offsets = {offset for _, offset in coordinates[5:-5]}
+    assert {r["offset"] for r in rejects} == fuzz_offsets
+    assert len(rejects) == len(fuzz)
+    assert all(r["error_code"] >= 10000 and r["reason"] for r in rejects)
+    jobs = catalog_df(spark, app_config).select("account_id", "database", "table", "job_name")
+    assert sorted(tuple(r) for r in jobs.collect()) == [
+        (1, "sales", "orders", f"job_{n}") for n in range(10)
+    ]

@@ -1,0 +1,66 @@
+"""Run the chaos harness outside pytest: ``scripts/chaos.sh --help``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.chaos.harness import Chaos, ChaosSettings  # noqa: E402
+
+from lakeprop import faults  # noqa: E402
+from lakeprop.config import SparkConfig  # noqa: E402
+from lakeprop.localkafka import LocalKafka  # noqa: E402
+from lakeprop.session import build_session  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="how many times every fault point is armed (a round has one cycle per point)",
+    )
+    parser.add_argument("--random-kills", type=int, default=2, help="random kills per round")
+    parser.add_argument("--workdir", help="keep state and cycle logs here (default: a temp dir)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="lakeprop-chaos-"))
+    settings = ChaosSettings(
+        seed=args.seed,
+        points=tuple(faults.POINTS) * args.rounds,
+        random_kills=args.random_kills * args.rounds,
+    )
+    spark = build_session(
+        SparkConfig(
+            app_name="lakeprop-chaos-checker",
+            master="local[2]",
+            jars_dir=str(ROOT / ".cache" / "jars"),
+            conf={
+                "spark.ui.enabled": "false",
+                "spark.log.level": "ERROR",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.sql.session.timeZone": "UTC",
+            },
+        )
+    )
+    broker = LocalKafka(workdir / "kafka").start()
+    try:
+        report = Chaos(spark, workdir / "run", broker.bootstrap_servers, settings).run()
+    finally:
+        broker.stop()
+        spark.stop()
+    print(report.summary())
+    print(f"state and cycle logs: {workdir}")
+    return 0 if not report.differences else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

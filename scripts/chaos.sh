@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The chaos harness: kill the service at every fault point and at random, restart it
+# on the same checkpoint, and check that everything comes out exactly right.
+#
+#   scripts/chaos.sh                         # one round: every fault point once + 2 random kills
+#   scripts/chaos.sh --rounds 30 --seed 7    # long mode: hundreds of cycles
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+exec "${LAKEPROP_VENV:-$ROOT/.venv}/bin/python" scripts/chaos.py "$@"

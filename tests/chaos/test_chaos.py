@@ -1,0 +1,26 @@
+"""Kill the service at every fault point and at random, restart it, and check it all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from lakeprop import faults
+from lakeprop.localkafka import LocalKafka
+from tests.chaos.harness import Chaos, ChaosSettings
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+
+
+@pytest.mark.timeout(1500)
+def test_every_kill_is_survived_and_everything_comes_out_exactly_right(
+    spark: SparkSession, kafka: LocalKafka, tmp_path: Path
+) -> None:
+    chaos = Chaos(spark, tmp_path / "chaos", kafka.bootstrap_servers, ChaosSettings(seed=1))
+    report = chaos.run()
+    print(report.summary())
+    assert report.differences == []
+    assert report.kills == len(faults.POINTS) + ChaosSettings().random_kills
+    assert set(report.points_fired) == set(faults.POINTS), report.points_missed
