@@ -26,6 +26,9 @@ format: setup ## apply ruff's formatting and import order
 	$(VENV)/bin/ruff check --fix src tests jobs scripts
 	$(VENV)/bin/ruff format src tests jobs scripts
 
+chaos: setup ## the chaos harness: kill the service at every fault point, restart, check
+	scripts/chaos.sh
+
 broker-start: setup ## start the local development broker on 127.0.0.1:19092
 	$(VENV)/bin/lakeprop --config conf/local.toml broker start
 
@@ -35,4 +38,4 @@ broker-stop: ## stop the local development broker
 clean-state: ## delete local state, checkpoint, warehouse and broker data (.lakeprop)
 	rm -rf .lakeprop
 
-.PHONY: help setup run test unit lint format broker-start broker-stop clean-state
+.PHONY: help setup run test unit lint format chaos broker-start broker-stop clean-state

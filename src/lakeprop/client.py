@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -220,11 +221,10 @@ class LakepropClient:
 
     def request_outcome(self, request_id: str) -> dict[str, Any] | None:
         """What the service made of a request, once it has processed it."""
-        rows = (
-            state.read_table(self.spark, self.state.table_path(REQUESTS_TABLE))
-            .where(F.col("request_id") == request_id)
-            .collect()
-        )
+        path = self.state.table_path(REQUESTS_TABLE)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return None  # the service has not started on this state yet
+        rows = state.read_table(self.spark, path).where(F.col("request_id") == request_id).collect()
         return rows[0].asDict() if rows else None
 
     def wait_for_outcome(

@@ -63,7 +63,7 @@ class ChaosSettings:
     """Cycles killed with SIGKILL at a random moment (no fault point armed)."""
     points: tuple[str, ...] = tuple(faults.POINTS)
     """Fault points armed one per cycle, each cycle until it fires."""
-    cycle_timeout: float = 90.0
+    cycle_timeout: float = 75.0
     """An armed cycle whose point is not reached by then is killed anyway."""
     kill_after: tuple[float, float] = (6.0, 30.0)
     catch_up_timeout: float = 300.0
@@ -274,26 +274,31 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         self.report.messages += 1
         return receipt
 
+    def register(self, key: JobKey, kind: str, trigger: dict[str, Any]) -> None:
+        spec = {"trigger": trigger, "iteration": {"consumer": consumer_for(kind)}}
+        receipt = self.send(self.client.register_job(key, spec))
+        self.specs[key] = JobSpec.from_json(spec).to_json()
+        record = LogRecord(
+            receipt.topic, receipt.partition, receipt.offset, receipt.timestamp, None, None
+        )
+        self.job_ids[key] = job_id_for(record)
+
     def job_step(self) -> None:
         rng = self.rng
-        live = sorted(self.specs, key=str)
-        action = (
-            rng.choice(["register", "register", "update", "unregister"]) if live else "register"
-        )
-        if action == "register" or len(live) < 2:
+        # the base jobs stay, on the default trigger: they keep sharing iterations
+        live = sorted((k for k in self.specs if not k.job_name.endswith("_base")), key=str)
+        action = rng.choice(["register", "register", "update", "update", "unregister"])
+        if action == "update" and (not live or rng.random() < 0.3):
+            key = rng.choice(sorted(self.specs, key=str))
+            update: dict[str, Any] = {"iteration": {"priority": rng.randint(0, 9)}}
+            self.send(self.client.update_job_spec(key, update))
+            self.specs[key] = JobSpec.from_json(merge_spec(self.specs[key], update)).to_json()
+        elif action == "register" or not live:
             table = rng.choice(TABLES)
             kind = rng.choice(["replica", "secondary_index", "fulltext_index", "aggregate_view"])
             key = JobKey(1, "chaos", table, f"{kind[:4]}{rng.randint(0, 2)}")
-            if key in self.specs:
-                return
-            spec = {"trigger": trigger_for(rng), "iteration": {"consumer": consumer_for(kind)}}
-            receipt = self.send(self.client.register_job(key, spec))
-            self.specs[key] = JobSpec.from_json(spec).to_json()
-            self.job_ids[key] = job_id_for(
-                LogRecord(
-                    receipt.topic, receipt.partition, receipt.offset, receipt.timestamp, None, None
-                )
-            )
+            if key not in self.specs:
+                self.register(key, kind, trigger_for(rng))
         elif action == "update":
             key = rng.choice(live)
             update = (
@@ -322,8 +327,16 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.write_config()
         self.create_sources()
-        for _ in range(3):
-            self.job_step()
+        # two default-trigger jobs per table: they share iterations from the start
+        starters = {
+            "orders": ("replica", "fulltext_index"),
+            "notes": ("secondary_index", "aggregate_view"),
+        }
+        for table, kinds in starters.items():
+            for kind in kinds:
+                self.register(
+                    JobKey(1, "chaos", table, f"{kind[:4]}_base"), kind, {"kind": "default"}
+                )
         plan: list[str | None] = [*self.settings.points, *([None] * self.settings.random_kills)]
         self.rng.shuffle(plan)
         for cycle, fault in enumerate(plan):
@@ -339,8 +352,14 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         )
         proc = self.start_app(config, cycle, fault)
         log.info("cycle %d: %s", cycle, f"armed {fault}" if fault else "random kill")
+        logfile = self.workdir / f"cycle-{cycle:03d}.log"
+        started = False
         while proc.poll() is None and time.monotonic() < deadline:
-            self.step()
+            if started:
+                self.step()
+            else:  # leave the cores to the service while it starts
+                time.sleep(0.5)
+                started = b"lakeprop.app: query" in logfile.read_bytes()
         fired = self.fired(cycle)
         self.kill_tree(proc)
         self.report.cycles += 1

@@ -161,10 +161,11 @@ def test_a_timeout_really_cancels_the_running_iteration_and_unregister_stops_the
             assert app.scheduler is not None and app.scheduler.in_flight() == set()
 
         assert_eventually(nothing_in_flight, timeout=30)
-        active = spark.sparkContext.statusTracker().getActiveJobsIds()
-        assert active == [] or all(
-            spark.sparkContext.statusTracker().getJobInfo(j) is None for j in active
-        )
+        tracker = spark.sparkContext.statusTracker()
+        for iteration in {r["iteration_id"] for r in history(spark, config).collect()}:
+            # the iterations' Spark jobs were cancelled, not left running
+            jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(iteration)]
+            assert not [j for j in jobs if j is not None and j.status == "RUNNING"], iteration
         count = history(spark, config).count()
         time.sleep(3)
         assert history(spark, config).count() == count  # a dropped job does not run again
