@@ -12,11 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.chaos.harness import Chaos, ChaosSettings  # noqa: E402
+from tests.conftest import local_session  # noqa: E402
 
 from lakeprop import faults  # noqa: E402
-from lakeprop.config import SparkConfig  # noqa: E402
 from lakeprop.localkafka import LocalKafka  # noqa: E402
-from lakeprop.session import build_session  # noqa: E402
 
 
 def main() -> int:
@@ -38,19 +37,7 @@ def main() -> int:
         points=tuple(faults.POINTS) * args.rounds,
         random_kills=args.random_kills * args.rounds,
     )
-    spark = build_session(
-        SparkConfig(
-            app_name="lakeprop-chaos-checker",
-            master="local[2]",
-            jars_dir=str(ROOT / ".cache" / "jars"),
-            conf={
-                "spark.ui.enabled": "false",
-                "spark.log.level": "ERROR",
-                "spark.sql.shuffle.partitions": "2",
-                "spark.sql.session.timeZone": "UTC",
-            },
-        )
-    )
+    spark = local_session("lakeprop-chaos-checker")
     broker = LocalKafka(workdir / "kafka").start()
     try:
         report = Chaos(spark, workdir / "run", broker.bootstrap_servers, settings).run()

@@ -40,12 +40,11 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
         broker.stop()
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def local_session(app_name: str = "lakeprop-tests") -> SparkSession:
     """Local Spark with Delta and the Kafka connector from .cache/jars."""
-    session = build_session(
+    return build_session(
         SparkConfig(
-            app_name="lakeprop-tests",
+            app_name=app_name,
             master="local[2]",
             jars_dir=str(ROOT / ".cache" / "jars"),
             conf={
@@ -60,6 +59,12 @@ def spark() -> Iterator[SparkSession]:
             },
         )
     )
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The one SparkSession of a test run."""
+    session = local_session()
     try:
         yield session
     finally:
