@@ -103,16 +103,21 @@ def assert_eventually(check: Callable[[], T], timeout: float = 30.0, interval: f
 
 
 def produce_raw(
-    bootstrap_servers: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]
+    bootstrap_servers: str,
+    topic: str,
+    messages: list[tuple[bytes | None, bytes | None]],
+    **config: Any,
 ) -> list[tuple[int, int]]:
     """Produce raw (key, value) messages in order, bypassing the client's validation.
 
     Returns (partition, offset) of each. One partition is forced so the offsets say
-    which message is which.
+    which message is which. ``config`` adds producer properties (dots as in Kafka).
     """
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, **config}
+    )
     coordinates: list[Any] = [None] * len(messages)
 
     def recorder(i: int) -> Callable[[Any, Any], None]:

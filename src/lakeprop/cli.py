@@ -5,6 +5,7 @@
         --consumer replica --options '{"primary_key": ["id"]}' --trigger greedy
     lakeprop update-spec --database sales --table orders --name copy --priority 5
     lakeprop status --database sales --table orders --name copy
+    lakeprop wait --database sales --table orders --name copy --version latest
     lakeprop list --state error
     lakeprop search --database kb --table articles --name text "delta merge" --limit 5
     lakeprop unregister --database sales --table orders --name copy
@@ -126,7 +127,7 @@ def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
 
         spark = build_session(config.spark)
         spark.sparkContext.setLogLevel("ERROR")
-    return LakepropClient(config.kafka, config.state, spark)
+    return LakepropClient(config.kafka, config.state, spark, tables=config.tables)
 
 
 def _send(args: argparse.Namespace, action: str) -> int:
@@ -156,6 +157,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     _print(asdict(info))
     return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    info = _client(args, with_spark=True).wait_for_watermark(
+        _key(args), args.version, timeout=args.timeout
+    )
+    _print(asdict(info))
+    return 0
+
+
+def _version(text: str) -> int | str:
+    """A Delta version (>= 0) or 'latest'."""
+    if text == "latest":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a version (0, 1, ...) or 'latest': {text!r}")
+    return int(text)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -237,6 +255,17 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--wait-timeout", type=float, default=120.0)
     p = sub.add_parser("status", help="show one job")
     _add_key(p)
+    p = sub.add_parser(
+        "wait", help="wait until a job has consumed a source version (0 when reached)"
+    )
+    _add_key(p)
+    p.add_argument(
+        "--version",
+        type=_version,
+        default="latest",
+        help="source Delta version, or 'latest': the source's version now (default)",
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     p = sub.add_parser("list", help="list jobs")
     p.add_argument("--state", choices=["pending", "running", "completed", "error", "canceled"])
     p.add_argument("--account", type=int)
@@ -266,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "unregister": lambda a: _send(a, "unregister"),
         "update-spec": lambda a: _send(a, "update-spec"),
         "status": cmd_status,
+        "wait": cmd_wait,
         "list": cmd_list,
         "search": cmd_search,
         "broker": cmd_broker,

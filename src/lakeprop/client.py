@@ -4,8 +4,9 @@ Writes go to the change log topic through a confluent-kafka producer with
 idempotence and ``acks=all``; each call returns only once the broker has
 confirmed the message, and raises :class:`~lakeprop.errors.DeliveryError`
 otherwise. The service applies the message in its next micro-batch; reads
-(``get_job_status``, ``list_jobs``, ``wait_for_outcome``) look at the catalog
-and requests Delta tables, so they need a SparkSession.
+(``get_job_status``, ``list_jobs``, ``wait_for_outcome``,
+``wait_for_watermark``) look at the catalog and requests Delta tables, so they
+need a SparkSession.
 """
 
 from __future__ import annotations
@@ -24,10 +25,21 @@ from pyspark.sql import functions as F
 from lakeprop import state
 from lakeprop.catalog import CatalogRow, JobState
 from lakeprop.changelog import Operation, encode
-from lakeprop.config import KafkaConfig, StateConfig
-from lakeprop.errors import BrokerError, DeliveryError, InvalidSpecError, TemporaryError
+from lakeprop.config import KafkaConfig, StateConfig, TablesConfig
+from lakeprop.errors import (
+    BrokerError,
+    DeliveryError,
+    ErrorCode,
+    InvalidConfigError,
+    InvalidSpecError,
+    PermanentError,
+    TemporaryError,
+)
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state import CATALOG_TABLE, REQUESTS_TABLE
+
+LATEST = "latest"
+"""``wait_for_watermark``'s version meaning the source table's current version."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,22 @@ def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
     }
 
 
+def topic_max_message_bytes(kafka: KafkaConfig) -> int:
+    """The topic's ``max.message.bytes``: twice the service's own limit.
+
+    Above the service's limit, so that an oversized message reaches the
+    service and is rejected there with a reason (10107) instead of being
+    refused by the broker where nobody records it.
+    """
+    return 2 * kafka.max_message_bytes
+
+
 def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
-    """Create the change log topic (infinite retention) if it does not exist."""
+    """Create the change log topic if it does not exist.
+
+    Infinite retention (the log is the history of every job) and a
+    ``max.message.bytes`` above the service's limit (:func:`topic_max_message_bytes`).
+    """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
@@ -92,7 +118,10 @@ def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
         kafka.topic,
         num_partitions=kafka.topic_partitions,
         replication_factor=-1,
-        config={"retention.ms": "-1"},
+        config={
+            "retention.ms": "-1",
+            "max.message.bytes": str(topic_max_message_bytes(kafka)),
+        },
     )
     try:
         admin.create_topics([topic], request_timeout=timeout)[kafka.topic].result(timeout)
@@ -110,9 +139,12 @@ class LakepropClient:
         kafka: KafkaConfig,
         state_config: StateConfig | None = None,
         spark: SparkSession | None = None,
+        tables: TablesConfig | None = None,
     ) -> None:
         self.kafka = kafka
         self.state = state_config or StateConfig()
+        self.tables = tables
+        """How sources resolve (the service's ``tables`` settings): needed for ``latest``."""
         self._spark = spark
         self._producer: Any = None
 
@@ -242,3 +274,78 @@ class LakepropClient:
                     "is the service running?"
                 )
             time.sleep(poll)
+
+    def source_version(self, database: str, table: str) -> int:
+        """The current Delta version of a source table, resolved as the service does."""
+        from lakeprop.probe import DeltaLogProbe
+        from lakeprop.tables import Tables
+
+        if self.tables is None:
+            raise InvalidConfigError(
+                "the client needs the service's tables settings to resolve a source: "
+                "LakepropClient(kafka, state, spark, tables=config.tables)"
+            )
+        resolved = Tables(self.spark, self.tables)
+        resolved.describe(database, table)  # a clear error for a missing source
+        version = DeltaLogProbe(self.spark).latest_version(resolved.location(database, table))
+        if version is None:
+            raise PermanentError(
+                f"source {database}.{table} has no readable Delta log", ErrorCode.SOURCE_NOT_DELTA
+            )
+        return version
+
+    def wait_for_watermark(
+        self,
+        key: JobKey,
+        version: int | str = LATEST,
+        timeout: float = 300.0,
+        poll: float = 1.0,
+    ) -> JobInfo:
+        """Block until the live job ``key`` has consumed source version ``version``.
+
+        ``version`` is a Delta version of the source, or ``"latest"``: the
+        source's version when the call starts. Returns the job once its
+        watermark is at or past it, so its target reflects at least that
+        version. Raises :class:`PermanentError` when the job is in ``error``,
+        and :class:`TemporaryError` when the timeout passes first, saying
+        where the job stands. A job that is not live yet (the service has not
+        applied its register, or it was dropped and is being registered again)
+        is waited for.
+        """
+        if version == LATEST:
+            target = self.source_version(key.database, key.table)
+        elif isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+            target = version
+        else:
+            raise InvalidSpecError(
+                f"version must be a Delta version (>= 0) or {LATEST!r}, got {version!r}"
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self._job(key)
+            live = job is not None and job.drop_at is None
+            if job is not None and live:
+                if job.watermark is not None and job.watermark >= target:
+                    return job
+                if job.state == JobState.ERROR.value:
+                    raise PermanentError(
+                        f"job {key} is in error at watermark {job.watermark} "
+                        f"[{job.status.get('error_code')}]: {job.status.get('error_msg')}"
+                    )
+            if time.monotonic() >= deadline:
+                if job is None:
+                    where = "is not in the catalog (is it registered, is the service running?)"
+                elif not live:
+                    where = f"was dropped at {job.drop_at}"
+                else:
+                    where = f"is at watermark {job.watermark} ({job.state})"
+                raise TemporaryError(
+                    f"job {key} did not reach version {target} within {timeout:.0f}s: it {where}"
+                )
+            time.sleep(poll)
+
+    def _job(self, key: JobKey) -> JobInfo | None:
+        """``get_job_status``, or None while the service has not created its state."""
+        if not DeltaTable.isDeltaTable(self.spark, self.state.table_path(CATALOG_TABLE)):
+            return None
+        return self.get_job_status(key)

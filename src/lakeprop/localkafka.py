@@ -112,6 +112,10 @@ class LocalKafka:
             "log.dirs": str(logs),
             "num.partitions": str(self.partitions),
             "auto.create.topics.enable": "true",
+            # above the service's default kafka.max_message_bytes (1 MiB), so that
+            # an oversized change log message is rejected by the service (10107),
+            # also on a topic the broker created on first use
+            "message.max.bytes": str(2 * 1_048_576),
             "log.retention.ms": "-1",
             "offsets.topic.replication.factor": "1",
             "offsets.topic.num.partitions": "3",

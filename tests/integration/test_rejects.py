@@ -320,3 +320,38 @@ def test_a_fuzzed_change_log_lands_in_rejects_and_changes_nothing_else(
     assert sorted(tuple(r) for r in jobs.collect()) == [
         (1, "sales", "orders", f"job_{n}") for n in range(10)
     ]
+
+
+def test_a_message_over_the_services_limit_reaches_the_service_and_is_rejected(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from lakeprop.client import ensure_topic
+
+    ensure_topic(app_config.kafka)  # as the service creates it (default limit: 1 MiB)
+    admin = AdminClient({"bootstrap.servers": app_config.kafka.bootstrap_servers})
+    resource = ConfigResource("topic", app_config.kafka.topic)
+    topic_config = admin.describe_configs([resource])[resource].result(30)
+    assert topic_config["max.message.bytes"].value == str(2 * 1_048_576)
+    make_source(spark, app_config, "sales", "orders")
+    key, value = message(1)
+    body = json.loads(value)
+    body["padding"] = "x" * 1_100_000
+    big = json.dumps(body).encode()
+    [(_, offset)] = produce_raw(
+        app_config.kafka.bootstrap_servers,
+        app_config.kafka.topic,
+        [(key, big)],
+        **{"message.max.bytes": 3_000_000},
+    )
+
+    run_once(spark, app_config)
+
+    [reject] = table(spark, app_config, "rejects").collect()
+    assert (reject["offset"], reject["error_code"], reject["payload_size"]) == (
+        offset,
+        ErrorCode.MESSAGE_TOO_LARGE,
+        len(big),
+    )
+    assert f"{len(big)} bytes, more than the limit of 1048576" in reject["reason"]

@@ -16,9 +16,12 @@ equal at every watermark to ``SELECT group_by, aggregates FROM source GROUP BY
 group_by`` at that version, plus bookkeeping columns prefixed ``_lp_`` (row
 and non-null counts, sums). Count and sum move by deltas of the changes (an
 update counts as its pre-image removed and post-image added). Min and max take
-the least/greatest of the old extreme and the inserted values, and are
-recomputed from the source at the iteration's version only for the groups whose
-extreme was deleted or updated away. A group whose last row goes is deleted.
+the least/greatest of the old extreme and the inserted values; a group is
+recomputed from the source at the iteration's version when a value at or
+beyond that merged extreme was deleted or updated away in the range (it may be
+the old extreme, or a value inserted and removed again within the range). A
+group whose last row goes is deleted; without ``group_by`` the view is one row,
+as the SQL query is, also when the source is empty.
 
 Deltas must not be applied twice: the view's Delta log records, in the same
 commit as each MERGE, the version this job applied up to, and changes at or
@@ -232,10 +235,13 @@ class AggregateViewConsumer(Consumer):
         extremes = [a for a in self.aggregates if a["fn"] in ("min", "max")]
         recompute = F.lit(False)
         for a in extremes:
-            alias = a["as"]
-            old, removed = F.col(f"v.{alias}"), F.col(f"d._rm_{alias}")
-            gone = removed <= old if a["fn"] == "min" else removed >= old
-            recompute = recompute | F.coalesce(gone, F.lit(False))
+            removed = F.col(f"d._rm_{a['as']}")
+            candidate = self._candidate(a)
+            # The candidate (old extreme merged with the inserted values) stays
+            # exact unless a value at or beyond it went away in the range: that
+            # may be the old extreme, or a value inserted and removed again.
+            gone = removed <= candidate if a["fn"] == "min" else removed >= candidate
+            recompute = recompute | (removed.isNotNull() & (candidate.isNull() | gone))
         columns = [F.col(f"d.{g}").alias(g) for g in self.group_by]
         columns.append((F.coalesce(F.col(f"v.{ROWS}"), F.lit(0)) + F.col("d._d_rows")).alias(ROWS))
         for a in self._summed():
@@ -248,9 +254,7 @@ class AggregateViewConsumer(Consumer):
                     F.coalesce(F.col(f"v.{_count_col(alias)}"), F.lit(0)) + F.col(f"d._d_n_{alias}")
                 ).alias(_count_col(alias)),
             ]
-        for a in extremes:
-            merge = F.least if a["fn"] == "min" else F.greatest
-            columns.append(merge(F.col(f"v.{a['as']}"), F.col(f"d._ins_{a['as']}")).alias(a["as"]))
+        columns += [self._candidate(a).alias(a["as"]) for a in extremes]
         columns.append(recompute.alias("_lp_recompute"))
         updated = joined.select(*columns)
         if extremes:
@@ -263,19 +267,29 @@ class AggregateViewConsumer(Consumer):
             shaped.unpersist()
         return written
 
+    @staticmethod
+    def _candidate(aggregate: Mapping[str, Any]) -> Column:
+        """The view's extreme merged with the range's inserted values (nulls ignored)."""
+        merge = F.least if aggregate["fn"] == "min" else F.greatest
+        alias = aggregate["as"]
+        return merge(F.col(f"v.{alias}"), F.col(f"d._ins_{alias}"))
+
     def _write(self, shaped: DataFrame, to_version: int) -> None:
         on = _null_safe(self.group_by, "t", "s")
         assignments: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in shaped.columns}
-        with self.context.idempotent(to_version):
-            (
-                self.target.delta()
-                .alias("t")
-                .merge(shaped.alias("s"), on)
-                .whenMatchedDelete(condition=F.col(f"s.{ROWS}") <= 0)
+        merge = self.target.delta().alias("t").merge(shaped.alias("s"), on)
+        if self.group_by:  # a group whose last row went is no group any more
+            merge = (
+                merge.whenMatchedDelete(condition=F.col(f"s.{ROWS}") <= 0)
                 .whenMatchedUpdate(set=assignments)
                 .whenNotMatchedInsert(condition=F.col(f"s.{ROWS}") > 0, values=assignments)
-                .execute()
             )
+        else:  # without GROUP BY there is one row, over no rows too (count 0, the rest null)
+            merge = merge.whenMatchedUpdate(set=assignments).whenNotMatchedInsert(
+                values=assignments
+            )
+        with self.context.idempotent(to_version):
+            merge.execute()
 
     def _recompute_extremes(
         self, updated: DataFrame, extremes: list[dict[str, Any]], to_version: int
