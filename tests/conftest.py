@@ -15,18 +15,10 @@ from typing import Any, TypeVar
 import pytest
 from pyspark.sql import SparkSession
 
-from lakeprop.config import (
-    AppConfig,
-    EngineConfig,
-    KafkaConfig,
-    SparkConfig,
-    StateConfig,
-    TablesConfig,
-)
+from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
 from lakeprop.localkafka import LocalKafka
-from lakeprop.session import build_session
+from tests.support.spark import local_session
 
-ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
@@ -38,27 +30,6 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
         yield broker
     finally:
         broker.stop()
-
-
-def local_session(app_name: str = "lakeprop-tests") -> SparkSession:
-    """Local Spark with Delta and the Kafka connector from .cache/jars."""
-    return build_session(
-        SparkConfig(
-            app_name=app_name,
-            master="local[2]",
-            jars_dir=str(ROOT / ".cache" / "jars"),
-            conf={
-                "spark.ui.enabled": "false",
-                "spark.log.level": "ERROR",
-                "spark.sql.shuffle.partitions": "2",
-                "spark.default.parallelism": "2",
-                "spark.sql.session.timeZone": "UTC",
-                "spark.databricks.delta.snapshotPartitions": "2",
-                "spark.scheduler.mode": "FAIR",
-                "spark.driver.memory": "2g",
-            },
-        )
-    )
 
 
 @pytest.fixture(scope="session")

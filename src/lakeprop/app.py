@@ -41,6 +41,8 @@ class PropagationApp:
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
         self.scheduler: Scheduler | None = None
+        self.query_failures = 0
+        """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
         self.lock = CheckpointLock(spark, config.state.checkpoint_location)
         self._locked = False
         self.runner = Runner(
@@ -130,6 +132,7 @@ class PropagationApp:
             error = self._run_once_until(stop, poll_seconds, drain_seconds)
             if error is None or stop.is_set():
                 return
+            self.query_failures += 1
             failures = 1 if time.monotonic() - started >= engine.retry_max else failures + 1
             if failures > engine.max_query_restarts:
                 raise RuntimeError(

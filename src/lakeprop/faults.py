@@ -11,7 +11,8 @@ starts spark-submit that way), so the JVM dies too and nothing is flushed;
 ``raise`` raises :class:`InjectedFault`, a temporary error. With
 ``LAKEPROP_FAULTS_RECORD`` set, a point appends its name to that file before
 it fires. Tests arm points
-with :func:`arm` and clear them with :func:`disarm`.
+with :func:`arm`, ask which fired with :func:`fired` and clear them with
+:func:`disarm`.
 
 When nothing is armed a fault point is one call that tests an empty dict.
 """
@@ -97,6 +98,12 @@ def arm_from_env() -> None:
 def disarm() -> None:
     with _lock:
         _armed.clear()
+
+
+def fired() -> set[str]:
+    """The armed points that have fired (for harnesses running the service in-process)."""
+    with _lock:
+        return {name for name, fault in _armed.items() if fault.fired}
 
 
 def fault_point(name: str) -> None:

@@ -123,6 +123,8 @@ class Runner:
         self.probe = DeltaLogProbe(spark)
         self.retries: dict[RowId, Retry] = {}
         self.last_tick: TickSummary | None = None
+        self.batches = 0
+        """Micro-batches processed (ticks), for waiting on the service without sleeping."""
         self._specs: dict[RowId, tuple[str, JobSpec]] = {}
         self._locations: dict[TableRef, str] = {}
         self._last_flush = clock()
@@ -161,6 +163,7 @@ class Runner:
                 written,
                 time.monotonic() - t3,
             )
+            self.batches += 1
         finally:
             self._busy.clear()
 

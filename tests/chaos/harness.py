@@ -1,15 +1,31 @@
-"""The chaos harness: run the service as a real process, kill it, restart it, check it.
+"""The chaos harness: crash the service at every fault point, restart it, check it.
 
-Each cycle starts ``spark-submit.sh`` on one checkpoint, with at most one fault
-point armed to kill the process tree, and drives a seeded workload while the
-service runs: jobs of several consumer types and trigger kinds registered,
-updated, unregistered and registered again through the change log, and
-inserts, updates and deletes committed to several source tables. A cycle ends
-when the armed fault point kills the service, or, for unarmed cycles, when
-the harness kills the whole process group with SIGKILL at a random moment.
+Every fault point is reached on purpose. A cycle arms one point, starts the
+service, waits until it is ready, and then drives the workload that point
+needs (a change log message, a commit to a table two jobs share, a new job's
+snapshot, a dropped job for GC) until the point fires, within a bound; a point
+not reached by then is reported by name. A cycle crashes the service in one of
+two ways:
 
-After the last cycle the service runs once more, unharmed, until every live
-job has caught up, and stops cleanly. Then the harness checks:
+* **kill**: the service runs as a real ``spark-submit.sh`` process and the
+  point ends the whole process tree with SIGKILL. Used where only a process
+  death tells the truth: inside an iteration, after some or all consumer
+  writes committed and before anything of the iteration is recorded
+  (``KILL_POINTS``). In-process, a raise there would be caught by the
+  iteration and recorded as a failed member: the retry path, not this crash.
+  Unarmed kill cycles SIGKILL the tree at a random moment.
+* **raise**: the service runs in this process (the checker's SparkSession)
+  and the point raises. In a micro-batch that fails the batch before its
+  offsets are committed; the service restarts its query on the checkpoint,
+  reloads its state from the Delta tables and replays the batch, exactly the
+  path a restart after a kill takes, for a fraction of a JVM start. The cycle
+  then proves the service recovered (a new message gets its verdict).
+
+Meanwhile a seeded workload runs: jobs of four consumer types and three
+trigger kinds are registered, updated, unregistered and registered again
+through the change log, and rows are inserted, updated and deleted in two
+source tables. After the last cycle the service runs once more, unharmed,
+until every live job has caught up. Then the harness checks:
 
 * every change log message has exactly one verdict, ``applied``;
 * the catalog's live jobs are exactly those the log implies, with the job ids
@@ -30,20 +46,23 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop import faults, state
+from lakeprop.app import PropagationApp
 from lakeprop.catalog import job_id_for
 from lakeprop.changelog import LogRecord
 from lakeprop.client import LakepropClient, Receipt
-from lakeprop.config import KafkaConfig, StateConfig
+from lakeprop.config import AppConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 
@@ -56,39 +75,97 @@ WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", 
 TOKENIZER = Tokenizer()
 
 
+KILL_POINTS = frozenset(
+    {"iteration.between_consumers", "iteration.after_writes", "iteration.snapshot"}
+)
+"""Points crashed by a process death; every other point raises in-process."""
+
+Mode = Literal["kill", "raise"]
+
+
 @dataclass(frozen=True)
 class ChaosSettings:
     seed: int = 1
     random_kills: int = 2
     """Cycles killed with SIGKILL at a random moment (no fault point armed)."""
     points: tuple[str, ...] = tuple(faults.POINTS)
-    """Fault points armed one per cycle, each cycle until it fires."""
-    cycle_timeout: float = 75.0
-    """An armed cycle whose point is not reached by then is killed anyway."""
-    kill_after: tuple[float, float] = (6.0, 30.0)
+    """Fault points armed one per cycle."""
+    kill_everywhere: bool = False
+    """Crash every point by process death, not only ``KILL_POINTS`` (slower)."""
+    ready_timeout: float = 300.0
+    """Bound on a service start (JVM, session, first micro-batch)."""
+    fire_timeout: float = 180.0
+    """Bound, once the service is ready, on reaching the armed point."""
+    redrive_every: float = 8.0
+    """How often the armed point's workload is driven again until it fires."""
+    recover_timeout: float = 180.0
+    kill_after: tuple[float, float] = (3.0, 20.0)
+    """Random kills come this many seconds after the service is ready."""
     catch_up_timeout: float = 300.0
     step_pause: float = 0.3
+
+    def mode(self, point: str | None) -> Mode:
+        return "kill" if point is None or self.kill_everywhere or point in KILL_POINTS else "raise"
 
 
 @dataclass
 class Report:
     cycles: int = 0
     kills: int = 0
+    raises: int = 0
     points_fired: dict[str, int] = field(default_factory=dict)
     points_missed: list[str] = field(default_factory=list)
     messages: int = 0
     commits: int = 0
     differences: list[str] = field(default_factory=list)
 
+    def fired(self, point: str) -> None:
+        self.points_fired[point] = self.points_fired.get(point, 0) + 1
+
     def summary(self) -> str:
         return (
-            f"cycles run: {self.cycles}\nkills survived: {self.kills}\n"
+            f"cycles run: {self.cycles} ({self.kills} killed, {self.raises} raised in-process)\n"
             f"fault points fired: {dict(sorted(self.points_fired.items()))}\n"
             f"fault points not reached: {self.points_missed}\n"
             f"change log messages: {self.messages}, source commits: {self.commits}\n"
             f"differences found: {len(self.differences)}"
             + "".join(f"\n  - {d}" for d in self.differences)
         )
+
+
+class InProcessService:
+    """The service in this process, on the checker's session: ``run_until`` in a thread."""
+
+    def __init__(self, spark: SparkSession, config: AppConfig) -> None:
+        self.spark = spark
+        self.config = config
+        self.app = PropagationApp(spark, config)
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="chaos-service", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.app.run_until(self.stop_event, drain_seconds=60.0)
+        except BaseException as exc:  # reported by the harness
+            self.error = exc
+
+    def start(self) -> InProcessService:
+        self.thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def ready(self) -> bool:
+        return any(q.name == self.config.query_name for q in self.spark.streams.active)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=240)
+        if self.thread.is_alive():
+            raise RuntimeError("the in-process service did not stop within 240s")
 
 
 def consumer_for(kind: str) -> dict[str, Any]:
@@ -140,6 +217,7 @@ class Chaos:
         self.receipts: list[Receipt] = []
         self.live_rows: dict[str, set[int]] = {t: set() for t in TABLES}
         self.next_id = 1
+        self.snapshots = 0
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -197,7 +275,7 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
 
     # -- the service ----------------------------------------------------------------------
 
-    def start_app(self, config: Path, cycle: int, fault: str | None) -> subprocess.Popen[bytes]:
+    def start_process(self, config: Path, cycle: int, fault: str | None) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             faults.ENV: f"{fault}=kill" if fault else "",
@@ -321,6 +399,51 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
             self.job_step()
         time.sleep(self.settings.step_pause)
 
+    # -- what each fault point needs to be reached ----------------------------------------
+
+    def update_some_job(self) -> None:
+        """A change log message that stages a catalog row: a priority update."""
+        key = self.rng.choice(sorted(self.specs, key=str))
+        update: dict[str, Any] = {"iteration": {"priority": self.rng.randint(0, 9)}}
+        self.send(self.client.update_job_spec(key, update))
+        self.specs[key] = JobSpec.from_json(merge_spec(self.specs[key], update)).to_json()
+
+    def commit_shared(self) -> None:
+        """A commit to a table: its two base jobs share the tail iteration that follows."""
+        self.commit(self.rng.choice(TABLES))
+
+    def register_new(self) -> None:
+        """A new job: its initial snapshot is an iteration of its own."""
+        self.snapshots += 1
+        kind = self.rng.choice(["replica", "secondary_index", "fulltext_index", "aggregate_view"])
+        key = JobKey(1, "chaos", self.rng.choice(TABLES), f"snap{self.snapshots}")
+        self.register(key, kind, {"kind": "default"})
+
+    def drop_one(self) -> None:
+        """A dropped job, for garbage collection once the retention has passed."""
+        live = sorted((k for k in self.specs if not k.job_name.endswith("_base")), key=str)
+        if not live:
+            self.register_new()
+            live = [k for k in self.specs if k.job_name == f"snap{self.snapshots}"]
+        key = self.rng.choice(live)
+        self.send(self.client.unregister_job(key))
+        del self.specs[key]
+        del self.job_ids[key]
+
+    def driver(self, point: str | None) -> Callable[[], None]:
+        drivers: dict[str, Callable[[], None]] = {
+            "batch.decoded": self.update_some_job,
+            "catalog.written": self.update_some_job,
+            "history.written": self.commit_shared,
+            "iteration.before_write": self.commit_shared,
+            "iteration.between_consumers": self.commit_shared,
+            "iteration.after_writes": self.commit_shared,
+            "iteration.snapshot": self.register_new,
+            "watermarks.flush": self.commit_shared,
+            "gc.run": self.drop_one,
+        }
+        return drivers[point] if point else self.step
+
     # -- the run --------------------------------------------------------------------------
 
     def run(self) -> Report:
@@ -339,62 +462,142 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
                 )
         plan: list[str | None] = [*self.settings.points, *([None] * self.settings.random_kills)]
         self.rng.shuffle(plan)
-        for cycle, fault in enumerate(plan):
-            self.cycle(config, cycle, fault)
-        self.catch_up(config, len(plan))
+        raised = [p for p in plan if p is not None and self.settings.mode(p) == "raise"]
+        killed = [p for p in plan if self.settings.mode(p) == "kill"]
+        if raised:  # one in-process service: each raise restarts its query, as a crash would
+            self.raise_cycles(config, raised)
+        for cycle, point in enumerate(killed):
+            log.info("cycle %d: %s", cycle, f"kill at {point}" if point else "random kill")
+            self.kill_cycle(config, cycle, point)
+            self.report.cycles += 1
+        self.catch_up(config)
         self.check()
         return self.report
 
-    def cycle(self, config: Path, cycle: int, fault: str | None) -> None:
-        lo, hi = self.settings.kill_after
-        deadline = time.monotonic() + (
-            self.settings.cycle_timeout if fault else self.rng.uniform(lo, hi) + 15.0
-        )
-        proc = self.start_app(config, cycle, fault)
-        log.info("cycle %d: %s", cycle, f"armed {fault}" if fault else "random kill")
-        logfile = self.workdir / f"cycle-{cycle:03d}.log"
-        started = False
-        while proc.poll() is None and time.monotonic() < deadline:
-            if started:
+    def drive(self, point: str | None, fired: Callable[[], bool], down: Callable[[], bool]) -> bool:
+        """Drive ``point``'s workload, with random steps between, until it fires.
+
+        False when the bound passes first (the point is reported as not reached)
+        or the service went down without firing it.
+        """
+        act = self.driver(point)
+        deadline = time.monotonic() + self.settings.fire_timeout
+        next_drive = 0.0
+        while time.monotonic() < deadline:
+            if fired():
+                return True
+            if down():
+                return fired()
+            if time.monotonic() >= next_drive:
+                act()
+                next_drive = time.monotonic() + self.settings.redrive_every
+            else:
                 self.step()
-            else:  # leave the cores to the service while it starts
-                time.sleep(0.5)
-                started = b"lakeprop.app: query" in logfile.read_bytes()
-        fired = self.fired(cycle)
-        self.kill_tree(proc)
-        self.report.cycles += 1
+        return fired()
+
+    def wait_ready(self, ready: Callable[[], bool], down: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + self.settings.ready_timeout
+        while time.monotonic() < deadline and not down():
+            if ready():
+                return True
+            time.sleep(0.5)  # leave the cores to the service while it starts
+        return False
+
+    def kill_cycle(self, config: Path, cycle: int, point: str | None) -> None:
+        proc = self.start_process(config, cycle, point)
+        logfile = self.workdir / f"cycle-{cycle:03d}.log"
+        down = lambda: proc.poll() is not None  # noqa: E731
+        try:
+            ready = self.wait_ready(lambda: b"lakeprop.app: query" in logfile.read_bytes(), down)
+            if not ready and self.fired(cycle) is None:
+                self.report.differences.append(
+                    f"cycle {cycle}: the service did not start within "
+                    f"{self.settings.ready_timeout:.0f}s (see {logfile})"
+                )
+                return
+            if point is None:
+                lo, hi = self.settings.kill_after
+                until = time.monotonic() + self.rng.uniform(lo, hi)
+                while time.monotonic() < until and not down():
+                    self.step()
+            else:
+                self.drive(point, lambda: self.fired(cycle) == point, down)
+        finally:
+            fired = self.fired(cycle)
+            self.kill_tree(proc)
         self.report.kills += 1
         if fired:
-            self.report.points_fired[fired] = self.report.points_fired.get(fired, 0) + 1
-        elif fault:
-            self.report.points_missed.append(fault)
+            self.report.fired(fired)
+        elif point:
+            self.report.points_missed.append(
+                f"{point} (kill): not reached within {self.settings.fire_timeout:.0f}s of the "
+                f"service being ready (see {logfile})"
+            )
         if proc.returncode not in (-signal.SIGKILL, 137, 128 + signal.SIGKILL) and not fired:
             self.report.differences.append(
                 f"cycle {cycle}: the service exited by itself with {proc.returncode} "
-                f"(see {self.workdir}/cycle-{cycle:03d}.log)"
+                f"(see {logfile})"
             )
         log.info("cycle %d ended: %s", cycle, fired or "killed")
 
-    def catch_up(self, config: Path, cycle: int) -> None:
-        proc = self.start_app(config, cycle, None)
+    def raise_cycles(self, config: Path, points: list[str]) -> None:
+        """Raise at each point in turn in one in-process service, recovering in between."""
+        service = InProcessService(self.spark, load_config(str(config))).start()
+        down = lambda: not service.alive  # noqa: E731
+        try:
+            if not self.wait_ready(service.ready, down):
+                self.report.differences.append(f"in-process service did not start: {service.error}")
+                return
+            for point in points:
+                log.info("cycle: raise at %s", point)
+                self.report.cycles += 1
+                faults.arm(f"{point}=raise")
+                if self.drive(point, lambda p=point: p in faults.fired(), down):
+                    self.report.fired(point)
+                    self.report.raises += 1
+                    faults.disarm()
+                    self.recovered(service)
+                else:
+                    self.report.points_missed.append(
+                        f"{point} (raise): not reached within {self.settings.fire_timeout:.0f}s "
+                        "of the service being ready"
+                    )
+                faults.disarm()
+        finally:
+            faults.disarm()
+            service.stop()
+        if service.error is not None:
+            self.report.differences.append(f"the in-process service failed: {service.error!r}")
+
+    def recovered(self, service: InProcessService) -> None:
+        """After the raise, the service applies the change log again: a new message's verdict."""
+        self.update_some_job()
+        receipt = self.receipts[-1]
+        deadline = time.monotonic() + self.settings.recover_timeout
+        while time.monotonic() < deadline and service.alive:
+            if self.client.request_outcome(receipt.request_id) is not None:
+                return
+            self.step()
+        self.report.differences.append(
+            f"the service did not apply the change log within {self.settings.recover_timeout:.0f}s "
+            f"after the fault (alive: {service.alive}, error: {service.error!r})"
+        )
+
+    def catch_up(self, config: Path) -> None:
+        service = InProcessService(self.spark, load_config(str(config))).start()
         self.report.cycles += 1
         try:
             deadline = time.monotonic() + self.settings.catch_up_timeout
             while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    self.report.differences.append(f"the final run exited with {proc.returncode}")
+                if not service.alive:
+                    self.report.differences.append(f"the final run ended: {service.error!r}")
                     return
                 if self.caught_up():
                     return
-                time.sleep(2)
+                time.sleep(1)
             self.report.differences.append(f"not caught up after {self.settings.catch_up_timeout}s")
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)  # spark-submit.sh stops cleanly
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    self.kill_tree(proc)
+            service.stop()
 
     def _state(self, name: str) -> DataFrame:
         return state.read_table(self.spark, self.state.table_path(name))

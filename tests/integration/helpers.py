@@ -127,6 +127,16 @@ def running(spark: SparkSession, config: AppConfig) -> Iterator[PropagationApp]:
         app.shutdown()
 
 
+def ticks_pass(app: PropagationApp, ticks: int = 3, timeout: float = 60.0) -> None:
+    """Wait until the service has run ``ticks`` more micro-batches (to see nothing happen)."""
+    start = app.runner.batches
+
+    def ticked() -> None:
+        assert app.runner.batches >= start + ticks, (start, app.runner.batches)
+
+    assert_eventually(ticked, timeout=timeout, interval=0.2)
+
+
 def cdf_source(
     spark: SparkSession,
     config: AppConfig,

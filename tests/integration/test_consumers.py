@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 from chispa import assert_df_equality
@@ -20,6 +19,7 @@ from tests.integration.helpers import (
     history,
     latest_version,
     running,
+    ticks_pass,
     wait_for_watermark,
 )
 
@@ -104,10 +104,10 @@ def test_replica_index_and_a_user_consumer_follow_a_random_workload_sharing_one_
             keys[name], {"trigger": {"kind": "default"}, "iteration": {"consumer": consumer}}
         )
 
-    with running(spark, app_config):
+    with running(spark, app_config) as app:
         for _ in range(3):  # several commits per tick, and across ticks
             random_commits(spark, path, rng, live, 3)
-            time.sleep(1.5)
+            ticks_pass(app, 1)  # the next burst lands in a later tick
         latest = latest_version(spark, path)
         rows = {
             name: wait_for_watermark(spark, app_config, key, latest) for name, key in keys.items()
@@ -185,10 +185,10 @@ def test_the_kafka_changefeed_publishes_every_change_in_version_order_per_key(
             },
         },
     )
-    with running(spark, app_config):
+    with running(spark, app_config) as app:
         for _ in range(3):
             random_commits(spark, path, rng, live, 3)
-            time.sleep(1.5)
+            ticks_pass(app, 1)  # the next burst lands in a later tick
         latest = latest_version(spark, path)
         wait_for_watermark(spark, app_config, key, latest)
 

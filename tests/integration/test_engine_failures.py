@@ -27,6 +27,7 @@ from tests.integration.helpers import (
     job_row,
     latest_version,
     running,
+    ticks_pass,
     wait_for_watermark,
 )
 
@@ -107,7 +108,7 @@ def test_a_temporary_failure_is_retried_with_backoff_and_a_permanent_one_stops_t
     flaky, broken = JobKey(1, "s", "t", "flaky"), JobKey(1, "s", "t", "broken")
     client.register_job(flaky, spec("flaky"))
     client.register_job(broken, spec("broken"))
-    with running(spark, app_config):
+    with running(spark, app_config) as app:
         row = wait_for_watermark(spark, app_config, flaky, 0)
 
         def broken_in_error() -> dict:
@@ -116,7 +117,7 @@ def test_a_temporary_failure_is_retried_with_backoff_and_a_permanent_one_stops_t
             return r
 
         failed = assert_eventually(broken_in_error)
-        time.sleep(3)  # a failed job is not retried
+        ticks_pass(app)  # a failed job is not retried
         assert len(member_outcomes(spark, app_config, failed["job_id"])) == 1
 
         # an update of the spec repairs it
@@ -167,7 +168,7 @@ def test_a_timeout_really_cancels_the_running_iteration_and_unregister_stops_the
             jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(iteration)]
             assert not [j for j in jobs if j is not None and j.status == "RUNNING"], iteration
         count = history(spark, config).count()
-        time.sleep(3)
+        ticks_pass(app)
         assert history(spark, config).count() == count  # a dropped job does not run again
 
 

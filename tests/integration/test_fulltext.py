@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from tests.integration.helpers import (
     cdf_source,
     latest_version,
     running,
+    ticks_pass,
     wait_for_watermark,
 )
 
@@ -117,10 +117,10 @@ def test_the_index_follows_a_random_workload_exactly(
     for name, opts in options.items():
         client.register_job(keys[name], fulltext_job(opts))
 
-    with running(spark, app_config):
+    with running(spark, app_config) as app:
         for _ in range(3):  # several commits per tick, and across ticks
             random_text_commits(spark, path, rng, live, 4)
-            time.sleep(1.5)
+            ticks_pass(app, 1)  # the next burst lands in a later tick
         latest = latest_version(spark, path)
         for key in keys.values():
             wait_for_watermark(spark, app_config, key, latest)

@@ -192,7 +192,11 @@ def test_the_service_survives_a_broker_outage_and_loses_nothing(
         last = client.register_job(JobKey(1, "b", "src", "last_before"), spec)
         client.close()
         kafka.stop()
-        time.sleep(15)  # the query's Kafka reads fail meanwhile
+
+        def query_failed() -> None:  # its Kafka reads fail: run_until restarts it
+            assert app.query_failures >= 1
+
+        assert_eventually(query_failed, timeout=240)
         kafka.start()
         client = LakepropClient(app_config.kafka, app_config.state, spark)
         after = client.register_job(JobKey(1, "b", "src", "after"), spec)

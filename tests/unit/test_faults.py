@@ -41,13 +41,17 @@ def test_bad_specs_name_the_problem(spec: str, reason: str) -> None:
 
 
 def test_an_armed_point_fires_once_on_its_hit() -> None:
-    faults.arm("iteration.before_write=raise@2")
+    faults.arm("iteration.before_write=raise@2,gc.run=raise@5")
     faults.fault_point("iteration.before_write")  # first hit: not yet
-    faults.fault_point("gc.run")  # not armed
+    faults.fault_point("batch.decoded")  # not armed
+    assert faults.fired() == set()
     with pytest.raises(faults.InjectedFault, match=r"iteration\.before_write") as raised:
         faults.fault_point("iteration.before_write")
     assert raised.value.is_temporary
     faults.fault_point("iteration.before_write")  # fired already
+    assert faults.fired() == {"iteration.before_write"}
+    faults.disarm()
+    assert faults.fired() == set()
 
 
 def test_points_do_nothing_when_off() -> None:

@@ -1,0 +1,36 @@
+"""The local SparkSession of the tests and the chaos script: Delta, Kafka, small and quiet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from lakeprop.config import SparkConfig
+from lakeprop.session import build_session
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TEST_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.log.level": "ERROR",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.scheduler.mode": "FAIR",
+    "spark.driver.memory": "2g",
+}
+
+
+def local_session(app_name: str = "lakeprop-tests") -> SparkSession:
+    """Local Spark with Delta and the Kafka connector from .cache/jars."""
+    return build_session(
+        SparkConfig(
+            app_name=app_name,
+            master="local[2]",
+            jars_dir=str(ROOT / ".cache" / "jars"),
+            conf=TEST_CONF,
+        )
+    )
