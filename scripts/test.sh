@@ -9,4 +9,4 @@ VENV="${LAKEPROP_VENV:-$ROOT/.venv}"
 "$VENV/bin/ruff" check src tests jobs scripts
 "$VENV/bin/ruff" format --check src tests jobs scripts
 "$VENV/bin/mypy"
-exec "$VENV/bin/pytest" "$@"
+exec "$VENV/bin/pytest" --durations=30 "$@"

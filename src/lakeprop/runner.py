@@ -10,7 +10,8 @@
 3. Trigger selection: per source table with an eligible job, one metadata
    probe; unchanged tables only mark their jobs fresh (no Spark job), changed
    ones get iterations, which go to the scheduler and run on while this
-   micro-batch returns.
+   micro-batch returns. Their jobs turn pending, then running, in memory only:
+   the catalog table is written when something durable changes.
 4. Housekeeping on intervals: flush fresh watermark times, garbage-collect
    dropped jobs.
 
@@ -54,6 +55,8 @@ from lakeprop.watermarks import Retry, advance
 
 log = logging.getLogger(__name__)
 
+
+_TRANSIENT = frozenset({JobState.PENDING.value, JobState.RUNNING.value})
 
 SELECTION_JOB_GROUP = "lakeprop-trigger-selection"
 """Job group of the selection phase: it must never launch a Spark job."""
@@ -259,7 +262,16 @@ class Runner:
                 changed[member.ref] = replace(
                     changed.get(member.ref) or rows[member.ref], job_state=JobState.PENDING.value
                 )
-        self.catalog.stage(changed)
+        # Queued and running are transient: kept in memory (and written with the
+        # next durable change of the row, or by the flush), not worth a Delta
+        # commit each; failures found by selection are durable.
+        transient = {
+            ref: row
+            for ref, row in changed.items()
+            if row.job_state in _TRANSIENT and row == replace(rows[ref], job_state=row.job_state)
+        }
+        self.catalog.stage({ref: row for ref, row in changed.items() if ref not in transient})
+        self.catalog.remember(transient.values())
         stamp = datetime.fromtimestamp(now)
         self.catalog.remember(
             replace(rows[ref], watermark_ts=stamp) for ref in fresh if ref not in changed
