@@ -22,6 +22,17 @@ from lakeprop.spec import JobKey, JobSpec
 from tests.conftest import assert_eventually
 
 
+def cli_settings(config: AppConfig) -> list[str]:
+    """``--set`` arguments that point the CLI at a test's broker, topic, state and warehouse."""
+    settings = {
+        "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
+        "kafka.topic": config.kafka.topic,
+        "state.location": config.state.location,
+        "tables.warehouse": config.tables.warehouse,
+    }
+    return [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+
+
 def run_once(spark: SparkSession, config: AppConfig) -> PropagationApp:
     """Start the app on its checkpoint, process everything in the log, stop."""
     app = PropagationApp(spark, config)

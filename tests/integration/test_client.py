@@ -14,7 +14,7 @@ from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.localkafka import free_port
 from lakeprop.spec import JobKey
-from tests.integration.helpers import make_source, replica_spec, run_once
+from tests.integration.helpers import cli_settings, make_source, replica_spec, run_once
 
 pytestmark = pytest.mark.integration
 
@@ -83,12 +83,7 @@ def test_cli_register_update_status_list_unregister(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     make_source(spark, app_config, "shop", "items")
-    settings = {
-        "kafka.bootstrap_servers": app_config.kafka.bootstrap_servers,
-        "kafka.topic": app_config.kafka.topic,
-        "state.location": app_config.state.location,
-    }
-    base = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    base = cli_settings(app_config)
     key = ["--account", "3", "--database", "shop", "--table", "items", "--name", "copy"]
     assert (
         cli.main(

@@ -22,6 +22,7 @@ from tests.integration.helpers import (
     ticks_pass,
     wait_for_watermark,
 )
+from tests.support.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 
 pytestmark = pytest.mark.integration
 
@@ -225,27 +226,6 @@ def test_the_kafka_changefeed_publishes_every_change_in_version_order_per_key(
     assert {v["op"] for _, _, v in messages} >= {"snapshot", "insert", "update", "delete"}
 
 
-AGGREGATES = [
-    {"fn": "count", "as": "n"},
-    {"fn": "count", "column": "amount", "as": "priced"},
-    {"fn": "sum", "column": "amount", "as": "total"},
-    {"fn": "avg", "column": "amount", "as": "mean"},
-    {"fn": "min", "column": "amount", "as": "low"},
-    {"fn": "max", "column": "amount", "as": "high"},
-]
-
-
-def batch_aggregate(source: DataFrame) -> DataFrame:
-    return source.groupBy("name").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.count("amount").alias("priced"),
-        F.sum("amount").alias("total"),
-        F.avg("amount").alias("mean"),
-        F.min("amount").alias("low"),
-        F.max("amount").alias("high"),
-    )
-
-
 def test_an_aggregate_view_equals_the_batch_query_and_ignores_a_replayed_range(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
@@ -255,7 +235,7 @@ def test_an_aggregate_view_equals_the_batch_query_and_ignores_a_replayed_range(
     random_commits(spark, path, rng, live, 3)
     client = LakepropClient(app_config.kafka, app_config.state, spark)
     key = JobKey(1, "w", "sales", "by_name")
-    options = {"group_by": ["name"], "aggregates": AGGREGATES}
+    options = {"group_by": ["name"], "aggregates": aggregates_of("amount")}
     client.register_job(
         key,
         {
@@ -264,7 +244,7 @@ def test_an_aggregate_view_equals_the_batch_query_and_ignores_a_replayed_range(
         },
     )
     view_path = f"{app_config.tables.warehouse}/w/sales_by_name"
-    public = ["name", "n", "priced", "total", "mean", "low", "high"]
+    public = ["name", *AGGREGATE_COLUMNS]
 
     with running(spark, app_config) as app:
         wait_for_watermark(spark, app_config, key, latest_version(spark, path))
@@ -274,7 +254,7 @@ def test_an_aggregate_view_equals_the_batch_query_and_ignores_a_replayed_range(
             row = wait_for_watermark(spark, app_config, key, version)
             assert_df_equality(
                 spark.read.format("delta").load(view_path).select(*public),
-                batch_aggregate(at(spark, path, row["watermark"])),
+                aggregated(at(spark, path, row["watermark"]), ["name"], "amount"),
                 ignore_row_order=True,
                 ignore_nullable=True,
             )

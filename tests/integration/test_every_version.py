@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from lakeprop.client import LakepropClient
 from lakeprop.config import AppConfig
@@ -28,30 +27,10 @@ from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, latest_version, running, wait_for_watermark
 from tests.integration.test_consumers import read_topic
+from tests.support.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 from tests.support.workload import SCHEMA, Workload
 
 pytestmark = pytest.mark.integration
-
-AGGREGATES = [
-    {"fn": "count", "as": "n"},
-    {"fn": "count", "column": "v", "as": "valued"},
-    {"fn": "sum", "column": "v", "as": "total"},
-    {"fn": "avg", "column": "v", "as": "mean"},
-    {"fn": "min", "column": "v", "as": "low"},
-    {"fn": "max", "column": "v", "as": "high"},
-]
-
-
-def aggregated(rows: DataFrame, group_by: list[str]) -> DataFrame:
-    aggs = [
-        F.count(F.lit(1)).alias("n"),
-        F.count("v").alias("valued"),
-        F.sum("v").alias("total"),
-        F.avg("v").alias("mean"),
-        F.min("v").alias("low"),
-        F.max("v").alias("high"),
-    ]
-    return rows.groupBy(*group_by).agg(*aggs) if group_by else rows.agg(*aggs)
 
 
 def fulltext(rows: DataFrame) -> DataFrame:
@@ -91,15 +70,18 @@ JOBS: dict[str, tuple[dict[str, Any], dict[str, Any], Expected, list[str]]] = {
     ),
     "stats": (
         {"kind": "default"},
-        {"type": "aggregate_view", "options": {"group_by": ["g"], "aggregates": AGGREGATES}},
-        lambda src: aggregated(src, ["g"]),
-        ["g", "n", "valued", "total", "mean", "low", "high"],
+        {
+            "type": "aggregate_view",
+            "options": {"group_by": ["g"], "aggregates": aggregates_of("v")},
+        },
+        lambda src: aggregated(src, ["g"], "v"),
+        ["g", *AGGREGATE_COLUMNS],
     ),
     "overall": (
         {"kind": "default"},
-        {"type": "aggregate_view", "options": {"aggregates": AGGREGATES}},
-        lambda src: aggregated(src, []),
-        ["n", "valued", "total", "mean", "low", "high"],
+        {"type": "aggregate_view", "options": {"aggregates": aggregates_of("v")}},
+        lambda src: aggregated(src, [], "v"),
+        AGGREGATE_COLUMNS,
     ),
 }
 

@@ -22,6 +22,7 @@ from lakeprop.spec import JobKey
 from lakeprop.tables import Tables
 from tests.integration.helpers import (
     cdf_source,
+    cli_settings,
     latest_version,
     running,
     ticks_pass,
@@ -250,13 +251,7 @@ def test_bm25_ranks_a_hand_checked_corpus(
     with pytest.raises(SearchError, match="not indexed"):
         search(spark, app_config, key, "fox", fields=["author"])
 
-    settings = {
-        "kafka.bootstrap_servers": app_config.kafka.bootstrap_servers,
-        "kafka.topic": app_config.kafka.topic,
-        "state.location": app_config.state.location,
-        "tables.warehouse": app_config.tables.warehouse,
-    }
-    base = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    base = cli_settings(app_config)
     where = ["--database", "kb", "--table", "corpus", "--name", "text"]
     capsys.readouterr()
     assert cli.main([*base, "search", *where, "quick fox", "--limit", "2"]) == 0

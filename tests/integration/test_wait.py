@@ -14,7 +14,7 @@ from lakeprop.client import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.errors import PermanentError, TemporaryError
 from lakeprop.spec import JobKey
-from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, replica_spec, running
+from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, cli_settings, replica_spec, running
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +25,7 @@ def test_a_script_waits_for_its_job_instead_of_sleeping(
     path = cdf_source(spark, app_config, "w", "src")  # version 0
     key = JobKey(1, "w", "src", "copy")
     client = LakepropClient(app_config.kafka, app_config.state, spark, tables=app_config.tables)
-    settings = {
-        "kafka.bootstrap_servers": app_config.kafka.bootstrap_servers,
-        "kafka.topic": app_config.kafka.topic,
-        "state.location": app_config.state.location,
-        "tables.warehouse": app_config.tables.warehouse,
-    }
-    base = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    base = cli_settings(app_config)
     where = ["--account", "1", "--database", "w", "--table", "src", "--name", "copy"]
 
     with pytest.raises(TemporaryError, match=r"is not in the catalog \(is it registered"):
