@@ -70,6 +70,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (URL-safe base64 of a UUID).
+
+    One that starts with ``-`` would be read as an option by the storage tool's
+    argument parser (one id in 64), so, like Kafka's own ``Uuid.randomUuid``,
+    draw again.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class LocalKafka:
     """Start, ready-check and stop one single-node KRaft broker."""
 
@@ -160,7 +173,7 @@ class LocalKafka:
             raise BrokerError(f"port {self.port} on 127.0.0.1 is already in use")
         config = self._write_config(free_port())
         if not (self.data_dir / "logs" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             done = subprocess.run(
                 self._java(
                     "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
