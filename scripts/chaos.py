@@ -15,7 +15,7 @@ from tests.chaos.harness import Chaos, ChaosSettings  # noqa: E402
 from tests.support.spark import local_session  # noqa: E402
 
 from lakeprop import faults  # noqa: E402
-from lakeprop.localkafka import LocalKafka  # noqa: E402
+from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
 
 
 def main() -> int:

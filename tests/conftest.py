@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
-from lakeprop.localkafka import LocalKafka
+from lakeprop.dev.localkafka import LocalKafka
 from tests.support.spark import local_session
 
 T = TypeVar("T")

@@ -57,14 +57,15 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop import faults, state
-from lakeprop.app import PropagationApp
-from lakeprop.catalog import job_id_for
+from lakeprop import faults
 from lakeprop.changelog import LogRecord
-from lakeprop.client import LakepropClient, Receipt
+from lakeprop.client.api import LakepropClient, Receipt
 from lakeprop.config import AppConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
+from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
+from lakeprop.state import store as state
+from lakeprop.state.catalog import job_id_for
 
 log = logging.getLogger("chaos")
 
@@ -508,7 +509,9 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         logfile = self.workdir / f"cycle-{cycle:03d}.log"
         down = lambda: proc.poll() is not None  # noqa: E731
         try:
-            ready = self.wait_ready(lambda: b"lakeprop.app: query" in logfile.read_bytes(), down)
+            ready = self.wait_ready(
+                lambda: b"lakeprop.service.app: query" in logfile.read_bytes(), down
+            )
             if not ready and self.fired(cycle) is None:
                 self.report.differences.append(
                     f"cycle {cycle}: the service did not start within "

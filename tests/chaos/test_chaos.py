@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lakeprop import faults
-from lakeprop.localkafka import LocalKafka
+from lakeprop.dev.localkafka import LocalKafka
 from tests.chaos.harness import KILL_POINTS, Chaos, ChaosSettings
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]

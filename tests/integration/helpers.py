@@ -12,13 +12,13 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop import state
-from lakeprop.app import PropagationApp
-from lakeprop.catalog import CATALOG_SCHEMA, EMPTY_STATUS, CatalogRow, JobState, job_id_for
 from lakeprop.changelog import LogRecord
-from lakeprop.client import Receipt
+from lakeprop.client.api import Receipt
 from lakeprop.config import AppConfig
+from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state import store as state
+from lakeprop.state.catalog import CATALOG_SCHEMA, EMPTY_STATUS, CatalogRow, JobState, job_id_for
 from tests.conftest import assert_eventually
 
 

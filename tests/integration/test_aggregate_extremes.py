@@ -17,7 +17,7 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.aggregate_view import AggregateViewConsumer, validate_options
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.spec import JobKey
-from lakeprop.tables import Tables
+from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import cdf_source
 
 pytestmark = pytest.mark.integration

@@ -11,13 +11,13 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop.app import PropagationApp
-from lakeprop.catalog import JobState
 from lakeprop.changelog import LogRecord
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig
-from lakeprop.runner import BatchSummary
+from lakeprop.service.app import PropagationApp
+from lakeprop.service.runner import BatchSummary
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.catalog import JobState
 from tests.conftest import assert_eventually
 from tests.integration.helpers import (
     catalog_df,

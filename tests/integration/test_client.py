@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import SparkSession
 
-from lakeprop import cli
-from lakeprop.client import LakepropClient
+from lakeprop.client import cli
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
+from lakeprop.dev.localkafka import free_port
 from lakeprop.errors import DeliveryError, InvalidSpecError
-from lakeprop.localkafka import free_port
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cli_settings, make_source, replica_spec, run_once
 

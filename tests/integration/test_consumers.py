@@ -10,7 +10,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
 from tests.integration.helpers import (
@@ -263,7 +263,7 @@ def test_an_aggregate_view_equals_the_batch_query_and_ignores_a_replayed_range(
     # a crash between the view's write and the watermark: the range comes again
     from lakeprop.consumers import get_consumer_type
     from lakeprop.consumers.base import ConsumerContext
-    from lakeprop.tables import Tables
+    from lakeprop.tables.resolve import Tables
 
     tables = Tables(spark, app_config.tables)
     session = spark.newSession()

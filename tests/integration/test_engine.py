@@ -11,7 +11,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
 from tests.integration.helpers import (

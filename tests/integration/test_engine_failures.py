@@ -13,7 +13,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers import ConsumerType, consumer_type_names, register_consumer_type
 from lakeprop.consumers.base import Consumer

@@ -9,9 +9,9 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
-from lakeprop.runner import SELECTION_JOB_GROUP
+from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.spec import JobKey
 from tests.conftest import assert_eventually
 from tests.integration.helpers import (

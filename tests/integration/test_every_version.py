@@ -21,7 +21,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.spec import JobKey

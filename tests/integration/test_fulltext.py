@@ -12,14 +12,14 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop import cli
-from lakeprop.client import LakepropClient
+from lakeprop.client import cli
+from lakeprop.client.api import LakepropClient
+from lakeprop.client.search import SearchError, SearchHit, search
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.fulltext_index import FulltextIndexConsumer, Tokenizer, validate_options
-from lakeprop.search import SearchError, SearchHit, search
 from lakeprop.spec import JobKey
-from lakeprop.tables import Tables
+from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import (
     cdf_source,
     cli_settings,

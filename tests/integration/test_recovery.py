@@ -14,12 +14,12 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop.app import PropagationApp
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
+from lakeprop.dev.localkafka import LocalKafka
 from lakeprop.errors import ErrorCode
-from lakeprop.localkafka import LocalKafka
-from lakeprop.lock import LEASE_FILE, CheckpointInUseError, CheckpointLock
+from lakeprop.service.app import PropagationApp
+from lakeprop.service.lock import LEASE_FILE, CheckpointInUseError, CheckpointLock
 from lakeprop.spec import JobKey
 from tests.conftest import assert_eventually
 from tests.integration.helpers import (

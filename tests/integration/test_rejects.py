@@ -13,8 +13,8 @@ from pyspark.sql import SparkSession
 
 from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.errors import ErrorCode
-from lakeprop.outcomes import REJECTS_SCHEMA
 from lakeprop.spec import JobKey
+from lakeprop.state.outcomes import REJECTS_SCHEMA
 from tests.conftest import produce_raw
 from tests.integration.helpers import catalog_df, make_source, run_once, table
 
@@ -327,7 +327,7 @@ def test_a_message_over_the_services_limit_reaches_the_service_and_is_rejected(
 ) -> None:
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    from lakeprop.client import ensure_topic
+    from lakeprop.client.api import ensure_topic
 
     ensure_topic(app_config.kafka)  # as the service creates it (default limit: 1 MiB)
     admin = AdminClient({"bootstrap.servers": app_config.kafka.bootstrap_servers})

@@ -14,11 +14,11 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.replica import ReplicaConsumer
 from lakeprop.consumers.secondary_index import SecondaryIndexConsumer
-from lakeprop.iteration import CancelToken, IterationResult
-from lakeprop.scheduler import Scheduler
+from lakeprop.engine.iteration import CancelToken, IterationResult
+from lakeprop.engine.scheduler import Scheduler
+from lakeprop.engine.triggers import IterationKind, IterationPlan, Member, TableRef
 from lakeprop.spec import JobKey
-from lakeprop.tables import Tables
-from lakeprop.triggers import IterationKind, IterationPlan, Member, TableRef
+from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, latest_version
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop import cli
-from lakeprop.client import LakepropClient
+from lakeprop.client import cli
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.errors import PermanentError, TemporaryError
 from lakeprop.spec import JobKey

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from lakeprop.catalog import CatalogRow, JobState, apply_commands, job_id_for
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import SourceTableError, TemporaryError
-from lakeprop.outcomes import Outcome, RecordedVerdict
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.catalog import CatalogRow, JobState, apply_commands, job_id_for
+from lakeprop.state.outcomes import Outcome, RecordedVerdict
 
 KEY = JobKey(1, "db", "t", "job")
 SPEC = JobSpec.from_json(

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from lakeprop import localkafka
+from lakeprop.dev import localkafka
 
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lakeprop.retry import retry_delay
-from lakeprop.spec import TriggerKind
-from lakeprop.triggers import (
+from lakeprop.engine.retry import retry_delay
+from lakeprop.engine.triggers import (
     IterationKind,
     JobView,
     TableRef,
@@ -14,6 +13,7 @@ from lakeprop.triggers import (
     plan_table,
     probe_from,
 )
+from lakeprop.spec import TriggerKind
 
 T = TableRef(1, "db", "t")
 NOW = 1000.0

@@ -6,12 +6,12 @@ import json
 from dataclasses import replace
 from datetime import datetime
 
-from lakeprop.catalog import EMPTY_STATUS, CatalogRow, JobState
+from lakeprop.engine.iteration import IterationResult, MemberResult
+from lakeprop.engine.triggers import IterationKind, IterationPlan, Member, TableRef
+from lakeprop.engine.watermarks import Retry, advance
 from lakeprop.errors import ErrorCode
-from lakeprop.iteration import IterationResult, MemberResult
 from lakeprop.spec import JobSpec
-from lakeprop.triggers import IterationKind, IterationPlan, Member, TableRef
-from lakeprop.watermarks import Retry, advance
+from lakeprop.state.catalog import EMPTY_STATUS, CatalogRow, JobState
 
 SPEC = JobSpec.from_json(
     {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}

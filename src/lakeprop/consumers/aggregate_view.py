@@ -43,7 +43,7 @@ from lakeprop.consumers.base import Consumer
 from lakeprop.consumers.replica import target_name, target_options
 from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
 from lakeprop.identifiers import validate_identifier
-from lakeprop.probe import DeltaLogProbe
+from lakeprop.tables.probe import DeltaLogProbe
 
 _ALLOWED = {"group_by", "aggregates", "target_database", "target_table"}
 _FUNCTIONS = {"count", "sum", "avg", "min", "max"}

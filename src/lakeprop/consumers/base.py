@@ -50,7 +50,7 @@ from pyspark.sql import DataFrame, SparkSession
 from lakeprop.spec import JobKey
 
 if TYPE_CHECKING:
-    from lakeprop.tables import TableHandle
+    from lakeprop.tables.resolve import TableHandle
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"

@@ -29,7 +29,7 @@ from lakeprop.identifiers import validate_identifier
 from lakeprop.spec import JobKey
 
 if TYPE_CHECKING:
-    from lakeprop.tables import TableHandle
+    from lakeprop.tables.resolve import TableHandle
 
 _ALLOWED = {"primary_key", "columns", "target_database", "target_table"}
 

@@ -29,9 +29,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lakeprop import state
 from lakeprop.changelog import LogRecord
 from lakeprop.spec import JobKey
+from lakeprop.state import store as state
 
 MAX_STORED_PAYLOAD = 65_536
 """Rejects keep at most this many bytes of a payload (payload_size has the full size)."""

@@ -30,11 +30,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lakeprop import state
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import LakepropError
-from lakeprop.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
 from lakeprop.spec import JobKey, JobSpec, merge_spec
+from lakeprop.state import store as state
+from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
 
 
 class JobState(str, Enum):

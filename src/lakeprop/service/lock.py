@@ -6,7 +6,7 @@ lock in the checkpoint directory; a second one refuses to start, naming the
 holder.
 
 * A local checkpoint (a plain path) gets an exclusive ``flock`` on
-  ``<checkpoint>/lakeprop.lock``. The kernel drops it when the holder dies,
+  ``<checkpoint>/lakeprop.service.lock``. The kernel drops it when the holder dies,
   however it dies, so a restart after a crash never waits.
 * A checkpoint on a Hadoop file system (``s3a://``, ``abfss://``, ``dbfs:/``,
   ``file:/``...) gets a lease file, ``<checkpoint>/lakeprop.lease``, that the
@@ -34,7 +34,7 @@ from lakeprop.errors import ErrorCode, PermanentError
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = "lakeprop.lock"
+LOCK_FILE = "lakeprop.service.lock"
 LEASE_FILE = "lakeprop.lease"
 
 

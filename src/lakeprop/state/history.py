@@ -25,8 +25,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lakeprop import state
-from lakeprop.iteration import IterationResult
+from lakeprop.engine.iteration import IterationResult
+from lakeprop.state import store as state
 
 # Delta accepts no NOT NULL constraint nested in an array: member fields are nullable.
 MEMBER_SCHEMA = StructType(

@@ -28,9 +28,9 @@ from typing import Any
 from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
+from lakeprop.engine.iteration import CancelToken, IterationResult, MemberResult
+from lakeprop.engine.triggers import IterationKind, IterationPlan, TableRef
 from lakeprop.errors import ErrorCode
-from lakeprop.iteration import CancelToken, IterationResult, MemberResult
-from lakeprop.triggers import IterationKind, IterationPlan, TableRef
 
 log = logging.getLogger(__name__)
 

@@ -30,20 +30,11 @@ from datetime import datetime
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakeprop.catalog import CatalogRow, JobCatalog, JobState, RowId, apply_commands
 from lakeprop.changelog import Command, LogRecord, best_effort_request_id, decode
 from lakeprop.config import EngineConfig
-from lakeprop.errors import ErrorCode, InvalidMessageError, SourceTableError
-from lakeprop.faults import fault_point
-from lakeprop.history import IterationHistory
-from lakeprop.iteration import CancelToken, IterationResult, MemberJob, run_iteration
-from lakeprop.outcomes import Outcome, OutcomeTables, Verdict
-from lakeprop.probe import DeltaLogProbe
-from lakeprop.scheduler import Scheduler
-from lakeprop.spec import JobSpec
-from lakeprop.stream import log_records
-from lakeprop.tables import Tables
-from lakeprop.triggers import (
+from lakeprop.engine.iteration import CancelToken, IterationResult, MemberJob, run_iteration
+from lakeprop.engine.scheduler import Scheduler
+from lakeprop.engine.triggers import (
     IterationPlan,
     JobView,
     TableRef,
@@ -51,7 +42,16 @@ from lakeprop.triggers import (
     plan_table,
     probe_from,
 )
-from lakeprop.watermarks import Retry, advance
+from lakeprop.engine.watermarks import Retry, advance
+from lakeprop.errors import ErrorCode, InvalidMessageError, SourceTableError
+from lakeprop.faults import fault_point
+from lakeprop.service.stream import log_records
+from lakeprop.spec import JobSpec
+from lakeprop.state.catalog import CatalogRow, JobCatalog, JobState, RowId, apply_commands
+from lakeprop.state.history import IterationHistory
+from lakeprop.state.outcomes import Outcome, OutcomeTables, Verdict
+from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import Tables
 
 log = logging.getLogger(__name__)
 

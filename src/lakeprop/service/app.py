@@ -11,18 +11,18 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from lakeprop.catalog import JobCatalog, JobState
 from lakeprop.config import AppConfig
+from lakeprop.engine.retry import retry_delay
+from lakeprop.engine.scheduler import Scheduler
 from lakeprop.errors import TemporaryError
-from lakeprop.history import IterationHistory
-from lakeprop.lock import CheckpointLock
-from lakeprop.outcomes import OutcomeTables
-from lakeprop.retry import retry_delay
-from lakeprop.runner import Runner
-from lakeprop.scheduler import Scheduler
-from lakeprop.state import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
-from lakeprop.stream import start_query
-from lakeprop.tables import Tables
+from lakeprop.service.lock import CheckpointLock
+from lakeprop.service.runner import Runner
+from lakeprop.service.stream import start_query
+from lakeprop.state.catalog import JobCatalog, JobState
+from lakeprop.state.history import IterationHistory
+from lakeprop.state.outcomes import OutcomeTables
+from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
+from lakeprop.tables.resolve import Tables
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class PropagationApp:
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         if self.config.kafka.create_topic:
-            from lakeprop.client import ensure_topic  # needs confluent-kafka
+            from lakeprop.client.api import ensure_topic  # needs confluent-kafka
 
             ensure_topic(self.config.kafka)
         if not self._locked:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from lakeprop.catalog import CatalogRow, JobState, RowId
+from lakeprop.engine.iteration import IterationResult, MemberResult
+from lakeprop.engine.retry import retry_delay
 from lakeprop.errors import ErrorCode, is_temporary_code
-from lakeprop.iteration import IterationResult, MemberResult
-from lakeprop.retry import retry_delay
+from lakeprop.state.catalog import CatalogRow, JobState, RowId
 
 
 @dataclass(frozen=True)

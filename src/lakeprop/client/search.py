@@ -1,7 +1,7 @@
 """Search a ``fulltext_index`` job's index: the query is tokenized as the job's
 tokenizer indexes, and matching documents are ranked with BM25.
 
-    from lakeprop.search import search
+    from lakeprop.client.search import search
     for hit in search(spark, config, JobKey(0, "kb", "articles", "text"), "delta merge"):
         print(hit.score, hit.key)
 
@@ -17,13 +17,13 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from lakeprop.client import LakepropClient
+from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Bm25, Tokenizer, bm25_search
 from lakeprop.consumers.replica import target_table
 from lakeprop.errors import LakepropError
 from lakeprop.spec import JobKey
-from lakeprop.tables import Tables
+from lakeprop.tables.resolve import Tables
 
 
 class SearchError(LakepropError):

@@ -77,7 +77,7 @@ def _print(obj: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lakeprop import faults
-    from lakeprop.app import PropagationApp
+    from lakeprop.service.app import PropagationApp
     from lakeprop.session import build_session
 
     config = _config(args)
@@ -106,7 +106,7 @@ def _maybe_start_broker(config: AppConfig) -> Any:
     """Start the embedded broker for local runs; None if not ours to start."""
     if not config.local_broker.enabled or config.kafka.bootstrap_servers != LOCAL_BOOTSTRAP:
         return None
-    from lakeprop.localkafka import LocalKafka
+    from lakeprop.dev.localkafka import LocalKafka
 
     port = int(LOCAL_BOOTSTRAP.rsplit(":", 1)[1])
     broker = LocalKafka(config.local_broker.data_dir, port=port)
@@ -118,7 +118,7 @@ def _maybe_start_broker(config: AppConfig) -> Any:
 
 
 def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
-    from lakeprop.client import LakepropClient
+    from lakeprop.client.api import LakepropClient
 
     config = _config(args)
     spark = None
@@ -186,7 +186,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from lakeprop.search import search
+    from lakeprop.client.search import search
     from lakeprop.session import build_session
 
     config = _config(args)
@@ -199,7 +199,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from lakeprop.localkafka import LocalKafka
+    from lakeprop.dev.localkafka import LocalKafka
 
     config = _config(args)
     port = int(LOCAL_BOOTSTRAP.rsplit(":", 1)[1])

@@ -24,11 +24,11 @@ from pyspark.sql import functions as F
 
 from lakeprop.consumers import get_consumer_type
 from lakeprop.consumers.base import ConsumerContext
+from lakeprop.engine.triggers import IterationKind, IterationPlan, Member
 from lakeprop.errors import ErrorCode, LakepropError
 from lakeprop.faults import fault_point
 from lakeprop.spec import JobKey, JobSpec
-from lakeprop.tables import TableHandle
-from lakeprop.triggers import IterationKind, IterationPlan, Member
+from lakeprop.tables.resolve import TableHandle
 
 log = logging.getLogger(__name__)
 

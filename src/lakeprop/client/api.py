@@ -22,8 +22,6 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop import state
-from lakeprop.catalog import CatalogRow, JobState
 from lakeprop.changelog import Operation, encode
 from lakeprop.config import KafkaConfig, StateConfig, TablesConfig
 from lakeprop.errors import (
@@ -36,7 +34,9 @@ from lakeprop.errors import (
     TemporaryError,
 )
 from lakeprop.spec import JobKey, JobSpec
-from lakeprop.state import CATALOG_TABLE, REQUESTS_TABLE
+from lakeprop.state import store as state
+from lakeprop.state.catalog import CatalogRow, JobState
+from lakeprop.state.store import CATALOG_TABLE, REQUESTS_TABLE
 
 LATEST = "latest"
 """``wait_for_watermark``'s version meaning the source table's current version."""
@@ -277,8 +277,8 @@ class LakepropClient:
 
     def source_version(self, database: str, table: str) -> int:
         """The current Delta version of a source table, resolved as the service does."""
-        from lakeprop.probe import DeltaLogProbe
-        from lakeprop.tables import Tables
+        from lakeprop.tables.probe import DeltaLogProbe
+        from lakeprop.tables.resolve import Tables
 
         if self.tables is None:
             raise InvalidConfigError(
