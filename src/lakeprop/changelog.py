@@ -31,7 +31,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from lakeprop.errors import ErrorCode, InvalidMessageError, InvalidSpecError
+from lakeprop.config import KafkaConfig
+from lakeprop.errors import BrokerError, ErrorCode, InvalidMessageError, InvalidSpecError
 from lakeprop.spec import JobKey, JobSpec
 
 ENVELOPE_VERSION = 1
@@ -193,3 +194,41 @@ def encode(
     if interrupt is not None:
         body["interrupt"] = interrupt
     return rid, key.message_key, json.dumps(body, sort_keys=True).encode()
+
+
+def topic_max_message_bytes(kafka: KafkaConfig) -> int:
+    """The topic's ``max.message.bytes``: twice the service's own limit.
+
+    Above the service's limit, so that an oversized message reaches the
+    service and is rejected there with a reason (10107) instead of being
+    refused by the broker where nobody records it.
+    """
+    return 2 * kafka.max_message_bytes
+
+
+def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
+    """Create the change log topic if it does not exist.
+
+    Infinite retention (the log is the history of every job) and a
+    ``max.message.bytes`` above the service's limit (:func:`topic_max_message_bytes`).
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
+    topic = NewTopic(
+        kafka.topic,
+        num_partitions=kafka.topic_partitions,
+        replication_factor=-1,
+        config={
+            "retention.ms": "-1",
+            "max.message.bytes": str(topic_max_message_bytes(kafka)),
+        },
+    )
+    try:
+        admin.create_topics([topic], request_timeout=timeout)[kafka.topic].result(timeout)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise BrokerError(f"could not create topic {kafka.topic}: {error.str()}") from None

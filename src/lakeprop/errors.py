@@ -120,3 +120,15 @@ class BrokerError(TemporaryError):
     """The Kafka broker could not be reached or started."""
 
     default_code = ErrorCode.BROKER_UNAVAILABLE
+
+
+class UnknownConsumerError(InvalidSpecError):
+    """A job spec names a consumer type that is not registered."""
+
+    default_code = ErrorCode.UNKNOWN_CONSUMER
+
+
+class InvalidConsumerOptionsError(InvalidSpecError):
+    """The options of a consumer do not validate."""
+
+    default_code = ErrorCode.INVALID_CONSUMER_OPTIONS

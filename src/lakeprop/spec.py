@@ -20,11 +20,17 @@ from typing import Any
 
 from lakeprop.errors import InvalidSpecError
 from lakeprop.identifiers import validate_identifier
+from lakeprop.registry import get_consumer_type
 
 MAX_ACCOUNT_ID = 2**32 - 1
 MAX_PRIORITY = 1_000_000
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON text form of the project's stored values: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def parse_duration(value: object, what: str) -> float:
@@ -100,6 +106,10 @@ class JobKey:
         return f"{self.account_id}/{self.database}.{self.table}/{self.job_name}"
 
 
+JobRef = tuple[JobKey, int]
+"""A job's identity: its key and job id (a key registered again gets a new id)."""
+
+
 class TriggerKind(str, Enum):
     DEFAULT = "default"
     GREEDY = "greedy"
@@ -164,8 +174,6 @@ class ConsumerInfo:
 
     @classmethod
     def from_json(cls, value: object) -> ConsumerInfo:
-        from lakeprop.consumers import get_consumer_type  # registry imports spec types
-
         obj = _expect_mapping(value, "iteration.consumer")
         _reject_unknown(obj, {"type", "options"}, "iteration.consumer")
         if "type" not in obj:
@@ -178,7 +186,7 @@ class ConsumerInfo:
         return {"type": self.type, "options": dict(self.options)}
 
     def canonical(self) -> str:
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_json())
 
 
 @dataclass(frozen=True)
@@ -228,7 +236,7 @@ class JobSpec:
 
     def canonical(self) -> str:
         """Stable JSON text, as stored in the catalog."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_json())
 
 
 def merge_spec(current: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

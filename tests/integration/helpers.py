@@ -18,7 +18,8 @@ from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state import store as state
-from lakeprop.state.catalog import CATALOG_SCHEMA, EMPTY_STATUS, CatalogRow, JobState, job_id_for
+from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow, job_id_for
+from lakeprop.state.status import EMPTY_STATUS, JobState
 from tests.conftest import assert_eventually
 
 
@@ -86,7 +87,7 @@ def expected_row(
         job_id=job_id_for(record),
         table_id=table_id,
         job_spec=spec.canonical(),
-        job_state=JobState.COMPLETED.value,
+        job_state=JobState.COMPLETED,
         watermark=None,
         watermark_ts=None,
         job_status=EMPTY_STATUS,

@@ -17,7 +17,7 @@ from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import BatchSummary
 from lakeprop.spec import JobKey, JobSpec
-from lakeprop.state.catalog import JobState
+from lakeprop.state.status import JobState
 from tests.conftest import assert_eventually
 from tests.integration.helpers import (
     catalog_df,

@@ -327,7 +327,7 @@ def test_a_message_over_the_services_limit_reaches_the_service_and_is_rejected(
 ) -> None:
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    from lakeprop.client.api import ensure_topic
+    from lakeprop.changelog import ensure_topic
 
     ensure_topic(app_config.kafka)  # as the service creates it (default limit: 1 MiB)
     admin = AdminClient({"bootstrap.servers": app_config.kafka.bootstrap_servers})

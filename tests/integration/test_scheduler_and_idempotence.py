@@ -14,9 +14,9 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.replica import ReplicaConsumer
 from lakeprop.consumers.secondary_index import SecondaryIndexConsumer
-from lakeprop.engine.iteration import CancelToken, IterationResult
+from lakeprop.engine.model import CancelToken, IterationResult
 from lakeprop.engine.scheduler import Scheduler
-from lakeprop.engine.triggers import IterationKind, IterationPlan, Member, TableRef
+from lakeprop.engine.model import IterationKind, IterationPlan, Member, TableRef
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, latest_version
@@ -37,6 +37,7 @@ def test_higher_priority_runs_first_and_a_tables_tails_never_overlap(
     running: set[str] = set()
     overlaps: list[str] = []
     gate = threading.Event()
+    blocked = threading.Event()
     lock = threading.Lock()
 
     def work(name: str, table: str, wait: bool = False):
@@ -47,6 +48,7 @@ def test_higher_priority_runs_first_and_a_tables_tails_never_overlap(
                 running.add(table)
                 order.append(name)
             if wait:
+                blocked.set()
                 gate.wait(30)
             time.sleep(0.2)
             with lock:
@@ -57,9 +59,10 @@ def test_higher_priority_runs_first_and_a_tables_tails_never_overlap(
         return run
 
     scheduler = Scheduler(spark, workers=1, timeout_s=60)
+    scheduler.start()
     try:
         scheduler.submit(plan("a", 0), work("blocker", "a", wait=True), {})
-        time.sleep(0.5)  # the single worker is now busy
+        assert blocked.wait(30)  # the single worker is now busy
         scheduler.submit(plan("b", 1), work("low", "b"), {})
         scheduler.submit(plan("c", 9), work("high", "c"), {})
         scheduler.submit(plan("b", 5), work("mid-same-table", "b"), {})

@@ -11,7 +11,8 @@ import pytest
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import SourceTableError, TemporaryError
 from lakeprop.spec import JobKey, JobSpec
-from lakeprop.state.catalog import CatalogRow, JobState, apply_commands, job_id_for
+from lakeprop.state.catalog import CatalogRow, apply_commands, job_id_for
+from lakeprop.state.status import JobState
 from lakeprop.state.outcomes import Outcome, RecordedVerdict
 
 KEY = JobKey(1, "db", "t", "job")
@@ -197,7 +198,7 @@ def test_drops_interrupts_and_new_consumers_cancel_the_jobs_iteration() -> None:
 
 def test_an_update_repairs_a_job_in_error() -> None:
     base = list(apply_commands([], [register(1)], check_ok).upserts.values())
-    failed = [replace(base[0], job_state=JobState.ERROR.value, watermark=4)]
+    failed = [replace(base[0], job_state=JobState.ERROR, watermark=4)]
     result = apply_commands(failed, [update(2, {"iteration": {"priority": 1}})], check_ok)
     (row,) = result.upserts.values()
     assert (row.job_state, row.watermark) == (JobState.COMPLETED.value, 4)

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from lakeprop.consumers import InvalidConsumerOptionsError
-from lakeprop.consumers.fulltext_index import Tokenizer, validate_options
+from lakeprop.consumers.fulltext_index import FulltextIndexConsumer, Tokenizer
+
+validate_options = FulltextIndexConsumer.validate_options
 
 BASE = {"columns": ["title", "body"], "primary_key": ["id"]}
 

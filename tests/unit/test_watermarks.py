@@ -6,12 +6,14 @@ import json
 from dataclasses import replace
 from datetime import datetime
 
-from lakeprop.engine.iteration import IterationResult, MemberResult
-from lakeprop.engine.triggers import IterationKind, IterationPlan, Member, TableRef
-from lakeprop.engine.watermarks import Retry, advance
+from lakeprop.engine.model import IterationResult, MemberResult
+from lakeprop.engine.model import IterationKind, IterationPlan, Member, TableRef
+from lakeprop.engine.model import Retry
+from lakeprop.engine.watermarks import advance
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobSpec
-from lakeprop.state.catalog import EMPTY_STATUS, CatalogRow, JobState
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.status import EMPTY_STATUS, JobState
 
 SPEC = JobSpec.from_json(
     {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
@@ -24,7 +26,7 @@ ROW = CatalogRow(
     7,
     "tid",
     SPEC.canonical(),
-    "pending",
+    JobState.PENDING,
     3,
     None,
     EMPTY_STATUS,

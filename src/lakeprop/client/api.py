@@ -25,7 +25,6 @@ from pyspark.sql import functions as F
 from lakeprop.changelog import Operation, encode
 from lakeprop.config import KafkaConfig, StateConfig, TablesConfig
 from lakeprop.errors import (
-    BrokerError,
     DeliveryError,
     ErrorCode,
     InvalidConfigError,
@@ -35,7 +34,8 @@ from lakeprop.errors import (
 )
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state import store as state
-from lakeprop.state.catalog import CatalogRow, JobState
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.status import JobState
 from lakeprop.state.store import CATALOG_TABLE, REQUESTS_TABLE
 
 LATEST = "latest"
@@ -91,44 +91,6 @@ def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
         "delivery.timeout.ms": int(kafka.delivery_timeout * 1000),
         **kafka.options,
     }
-
-
-def topic_max_message_bytes(kafka: KafkaConfig) -> int:
-    """The topic's ``max.message.bytes``: twice the service's own limit.
-
-    Above the service's limit, so that an oversized message reaches the
-    service and is rejected there with a reason (10107) instead of being
-    refused by the broker where nobody records it.
-    """
-    return 2 * kafka.max_message_bytes
-
-
-def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
-    """Create the change log topic if it does not exist.
-
-    Infinite retention (the log is the history of every job) and a
-    ``max.message.bytes`` above the service's limit (:func:`topic_max_message_bytes`).
-    """
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
-
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
-    topic = NewTopic(
-        kafka.topic,
-        num_partitions=kafka.topic_partitions,
-        replication_factor=-1,
-        config={
-            "retention.ms": "-1",
-            "max.message.bytes": str(topic_max_message_bytes(kafka)),
-        },
-    )
-    try:
-        admin.create_topics([topic], request_timeout=timeout)[kafka.topic].result(timeout)
-    except KafkaException as exc:
-        error = exc.args[0]
-        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise BrokerError(f"could not create topic {kafka.topic}: {error.str()}") from None
 
 
 class LakepropClient:

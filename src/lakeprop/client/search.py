@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Bm25, Tokenizer, bm25_search
-from lakeprop.consumers.replica import target_table
+from lakeprop.consumers.options import target_table
 from lakeprop.errors import LakepropError
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables

@@ -38,14 +38,12 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
-from lakeprop.consumers.base import Consumer
-from lakeprop.consumers.replica import target_name, target_options
-from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
+from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.consumers.options import TARGET_OPTIONS, reject_unknown_options, target_options
+from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 from lakeprop.identifiers import validate_identifier
-from lakeprop.tables.probe import DeltaLogProbe
 
-_ALLOWED = {"group_by", "aggregates", "target_database", "target_table"}
+_ALLOWED = {"group_by", "aggregates", *TARGET_OPTIONS}
 _FUNCTIONS = {"count", "sum", "avg", "min", "max"}
 ROWS = "_lp_rows"
 
@@ -58,58 +56,6 @@ def _count_col(alias: str) -> str:
     return f"_lp_n_{alias}"
 
 
-def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    reject_unknown_options("aggregate_view", options, _ALLOWED)
-    try:
-        group_by = options.get("group_by") or []
-        if not isinstance(group_by, list):
-            raise InvalidConsumerOptionsError("aggregate_view option group_by must be a list")
-        group_by = [validate_identifier(c, "aggregate_view group_by column") for c in group_by]
-        aggregates = options.get("aggregates")
-        if not isinstance(aggregates, list) or not aggregates:
-            raise InvalidConsumerOptionsError(
-                "aggregate_view option aggregates must be a non-empty list"
-            )
-        out_aggs = []
-        for agg in aggregates:
-            if not isinstance(agg, dict) or set(agg) - {"fn", "column", "as"}:
-                raise InvalidConsumerOptionsError(
-                    f"each aggregate is {{'fn', 'column', 'as'}}, got {agg!r}"
-                )
-            fn = agg.get("fn")
-            if fn not in _FUNCTIONS:
-                raise InvalidConsumerOptionsError(
-                    f"aggregate fn must be one of {sorted(_FUNCTIONS)}, got {fn!r}"
-                )
-            column = agg.get("column")
-            if column is None and fn != "count":
-                raise InvalidConsumerOptionsError(f"aggregate {fn} needs a column")
-            alias = validate_identifier(agg.get("as"), "aggregate alias")
-            if alias.startswith("_lp_"):
-                raise InvalidConsumerOptionsError(f"aggregate alias {alias!r} is reserved")
-            out_aggs.append(
-                {
-                    "fn": fn,
-                    "column": None if column is None else validate_identifier(column, "column"),
-                    "as": alias,
-                }
-            )
-        names = [c.lower() for c in group_by] + [a["as"].lower() for a in out_aggs]
-        if len(set(names)) != len(names):
-            raise InvalidConsumerOptionsError("aggregate_view column names must be distinct")
-        result: dict[str, Any] = {"group_by": group_by, "aggregates": out_aggs}
-        result.update(target_options(options))
-    except InvalidIdentifierError as exc:
-        raise InvalidConsumerOptionsError(f"aggregate_view: {exc}") from None
-    return result
-
-
-def source_columns(options: Mapping[str, Any]) -> list[str]:
-    columns = list(options["group_by"])
-    columns += [a["column"] for a in options["aggregates"] if a["column"] is not None]
-    return list(dict.fromkeys(columns))
-
-
 def _null_safe(keys: list[str], left: str, right: str) -> Column:
     if not keys:
         return F.lit(True)
@@ -120,11 +66,64 @@ def _null_safe(keys: list[str], left: str, right: str) -> Column:
 
 
 class AggregateViewConsumer(Consumer):
-    def __init__(self, context: Any) -> None:
+    """GROUP BY aggregates kept by deltas, MERGEd per range."""
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        reject_unknown_options("aggregate_view", options, _ALLOWED)
+        try:
+            group_by = options.get("group_by") or []
+            if not isinstance(group_by, list):
+                raise InvalidConsumerOptionsError("aggregate_view option group_by must be a list")
+            group_by = [validate_identifier(c, "aggregate_view group_by column") for c in group_by]
+            aggregates = options.get("aggregates")
+            if not isinstance(aggregates, list) or not aggregates:
+                raise InvalidConsumerOptionsError(
+                    "aggregate_view option aggregates must be a non-empty list"
+                )
+            out_aggs = []
+            for agg in aggregates:
+                if not isinstance(agg, dict) or set(agg) - {"fn", "column", "as"}:
+                    raise InvalidConsumerOptionsError(
+                        f"each aggregate is {{'fn', 'column', 'as'}}, got {agg!r}"
+                    )
+                fn = agg.get("fn")
+                if fn not in _FUNCTIONS:
+                    raise InvalidConsumerOptionsError(
+                        f"aggregate fn must be one of {sorted(_FUNCTIONS)}, got {fn!r}"
+                    )
+                column = agg.get("column")
+                if column is None and fn != "count":
+                    raise InvalidConsumerOptionsError(f"aggregate {fn} needs a column")
+                alias = validate_identifier(agg.get("as"), "aggregate alias")
+                if alias.startswith("_lp_"):
+                    raise InvalidConsumerOptionsError(f"aggregate alias {alias!r} is reserved")
+                out_aggs.append(
+                    {
+                        "fn": fn,
+                        "column": None if column is None else validate_identifier(column, "column"),
+                        "as": alias,
+                    }
+                )
+            names = [c.lower() for c in group_by] + [a["as"].lower() for a in out_aggs]
+            if len(set(names)) != len(names):
+                raise InvalidConsumerOptionsError("aggregate_view column names must be distinct")
+            result: dict[str, Any] = {"group_by": group_by, "aggregates": out_aggs}
+            result.update(target_options(options))
+        except InvalidIdentifierError as exc:
+            raise InvalidConsumerOptionsError(f"aggregate_view: {exc}") from None
+        return result
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        columns = list(options["group_by"])
+        columns += [a["column"] for a in options["aggregates"] if a["column"] is not None]
+        return list(dict.fromkeys(columns))
+
+    def __init__(self, context: ConsumerContext) -> None:
         super().__init__(context)
         self.group_by: list[str] = list(context.options["group_by"])
         self.aggregates: list[dict[str, Any]] = list(context.options["aggregates"])
-        self.target = target_name(context)
 
     def _summed(self) -> list[dict[str, Any]]:
         """Aggregates kept as (sum, non-null count): sum, avg, count(column)."""
@@ -167,13 +166,7 @@ class AggregateViewConsumer(Consumer):
                 aggs.append(getattr(F, a["fn"])(column).alias(a["as"]))
         grouped = rows.groupBy(*self.group_by).agg(*aggs) if self.group_by else rows.agg(*aggs)
         view = self._shape(grouped)
-        writer = (
-            view.write.format("delta")
-            .mode("overwrite")
-            .option("overwriteSchema", "true")
-            .options(**self.context.writer_options(version))
-        )
-        self.target.save(writer)
+        self.overwrite(view, version)
         return int(view.count())
 
     def _shape(self, frame: DataFrame) -> DataFrame:
@@ -186,14 +179,8 @@ class AggregateViewConsumer(Consumer):
         return frame.select(*self.group_by, *public, *self._bookkeeping())
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
-        if not self.target.exists():
-            raise PermanentError(
-                f"aggregate view {self.target} is missing; re-register the job to rebuild it",
-                ErrorCode.TARGET_MISSING,
-            )
-        applied = DeltaLogProbe(self.context.spark).last_transaction(
-            self.target.location(), self.context.txn_app_id
-        )
+        self.require_target()
+        applied = self.applied_version()
         if applied is not None and applied >= to_version:
             return 0
         if applied is not None and applied > from_version:
@@ -321,11 +308,3 @@ class AggregateViewConsumer(Consumer):
         names = {a["as"] for a in extremes}
         kept = [F.col(f"u.{c}") for c in updated.columns if c not in names]
         return joined.select(*kept, *replaced)
-
-
-CONSUMER_TYPE = ConsumerType(
-    name="aggregate_view",
-    validate_options=validate_options,
-    source_columns=source_columns,
-    factory=AggregateViewConsumer,
-)

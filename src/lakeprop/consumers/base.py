@@ -47,7 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from lakeprop.consumers.options import target_table
+from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import JobKey
+from lakeprop.tables.probe import DeltaLogProbe
 
 if TYPE_CHECKING:
     from lakeprop.tables.resolve import TableHandle
@@ -104,14 +107,19 @@ class ConsumerContext:
 
 
 class Consumer(ABC):
-    """Base class of consumers; see the module docstring for the contract.
+    """Base class of every consumer, built-in or not; see the module docstring.
 
-    A custom consumer named by import path or entry point may override the two
-    class methods to validate its options when a job is registered.
+    Subclasses override the two class methods to validate their options when a
+    job is registered, and implement :meth:`snapshot` and :meth:`apply_changes`.
+    The base does the chores most of them share: the target table
+    (``target_database`` / ``target_table`` options or ``<table>_<job name>``),
+    the check that it still exists, the idempotent snapshot overwrite, and the
+    last version a MERGE already applied to it.
     """
 
     def __init__(self, context: ConsumerContext) -> None:
         self.context = context
+        self._target: TableHandle | None = None
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,8 +127,6 @@ class Consumer(ABC):
         try:
             json.dumps(dict(options))
         except (TypeError, ValueError) as exc:
-            from lakeprop.consumers import InvalidConsumerOptionsError
-
             raise InvalidConsumerOptionsError(f"options must be plain JSON: {exc}") from None
         return dict(options)
 
@@ -128,6 +134,41 @@ class Consumer(ABC):
     def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
         """Source columns the options rely on (checked at registration)."""
         return []
+
+    @property
+    def target(self) -> TableHandle:
+        """The job's target table, bound to the worker's session."""
+        if self._target is None:
+            self._target = self.context.locate(
+                *target_table(self.context.key, self.context.options)
+            )
+        return self._target
+
+    def require_target(self) -> TableHandle:
+        """The target, or a permanent error when it was dropped under the job."""
+        if not self.target.exists():
+            raise PermanentError(
+                f"{self.context.consumer_type} target {self.target} is missing; re-register "
+                "the job to rebuild it",
+                ErrorCode.TARGET_MISSING,
+            )
+        return self.target
+
+    def overwrite(self, data: DataFrame, version: int) -> None:
+        """Replace the target with ``data``, once per ``version`` (a snapshot's write)."""
+        writer = (
+            data.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .options(**self.context.writer_options(version))
+        )
+        self.target.save(writer)
+
+    def applied_version(self) -> int | None:
+        """The last version this job's idempotent writes committed to the target, if any."""
+        return DeltaLogProbe(self.context.spark).last_transaction(
+            self.target.location(), self.context.txn_app_id
+        )
 
     @abstractmethod
     def snapshot(self, rows: DataFrame, version: int) -> int:

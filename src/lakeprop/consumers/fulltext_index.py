@@ -37,15 +37,15 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
 from lakeprop.consumers.base import Consumer, ConsumerContext
-from lakeprop.consumers.replica import (
+from lakeprop.consumers.changes import latest_change_per_key
+from lakeprop.consumers.options import (
+    TARGET_OPTIONS,
     identifier_list,
-    latest_change_per_key,
-    target_name,
+    reject_unknown_options,
     target_options,
 )
-from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
+from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 
 #: Lucene's English stop set.
 ENGLISH_STOP_WORDS = frozenset(
@@ -87,7 +87,7 @@ ENGLISH_STOP_WORDS = frozenset(
 )
 INDEX_COLUMNS = ("term", "field", "tf", "positions")
 _RESERVED = {*INDEX_COLUMNS, "_doc", "_pos", "_word", "_delete"}
-_ALLOWED = {"columns", "primary_key", "tokenizer", "target_database", "target_table"}
+_ALLOWED = {"columns", "primary_key", "tokenizer", *TARGET_OPTIONS}
 _TOKENIZER_KEYS = {"lowercase", "pattern", "stop_words", "min_length"}
 _MAX_PATTERN = 200
 _MAX_STOP_WORDS = 10_000
@@ -212,33 +212,6 @@ def validate_tokenizer(value: object) -> dict[str, Any]:
     }
 
 
-def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    reject_unknown_options("fulltext_index", options, _ALLOWED)
-    try:
-        out: dict[str, Any] = {
-            "columns": identifier_list(options.get("columns"), "fulltext_index", "columns"),
-            "primary_key": identifier_list(
-                options.get("primary_key"), "fulltext_index", "primary_key"
-            ),
-            "tokenizer": validate_tokenizer(options.get("tokenizer")),
-        }
-        out.update(target_options(options))
-    except InvalidIdentifierError as exc:
-        raise InvalidConsumerOptionsError(f"fulltext_index: {exc}") from None
-    clash = sorted({k.lower() for k in out["primary_key"]} & _RESERVED)
-    if clash:
-        raise InvalidConsumerOptionsError(
-            f"fulltext_index primary_key column(s) {clash} clash with names the index uses: "
-            f"{sorted(_RESERVED)}"
-        )
-    return out
-
-
-def source_columns(options: Mapping[str, Any]) -> list[str]:
-    key = list(options["primary_key"])
-    return key + [c for c in options["columns"] if c not in key]
-
-
 def postings(
     rows: DataFrame, key: Sequence[str], columns: Sequence[str], tokenizer: Tokenizer
 ) -> DataFrame:
@@ -262,36 +235,53 @@ def postings(
 
 
 class FulltextIndexConsumer(Consumer):
+    """An inverted index with positions, rebuilt per changed document."""
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        reject_unknown_options("fulltext_index", options, _ALLOWED)
+        try:
+            out: dict[str, Any] = {
+                "columns": identifier_list(options.get("columns"), "fulltext_index", "columns"),
+                "primary_key": identifier_list(
+                    options.get("primary_key"), "fulltext_index", "primary_key"
+                ),
+                "tokenizer": validate_tokenizer(options.get("tokenizer")),
+            }
+            out.update(target_options(options))
+        except InvalidIdentifierError as exc:
+            raise InvalidConsumerOptionsError(f"fulltext_index: {exc}") from None
+        clash = sorted({k.lower() for k in out["primary_key"]} & _RESERVED)
+        if clash:
+            raise InvalidConsumerOptionsError(
+                f"fulltext_index primary_key column(s) {clash} clash with names the index uses: "
+                f"{sorted(_RESERVED)}"
+            )
+        return out
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        key = list(options["primary_key"])
+        return key + [c for c in options["columns"] if c not in key]
+
     def __init__(self, context: ConsumerContext) -> None:
         super().__init__(context)
         options = context.options
         self.key: list[str] = list(options["primary_key"])
         self.columns: list[str] = list(options["columns"])
         self.tokenizer = Tokenizer.from_options(options.get("tokenizer"))
-        self.target = target_name(context)
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         index = postings(rows, self.key, self.columns, self.tokenizer).persist()
         try:
             written = int(index.count())
-            writer = (
-                index.write.format("delta")
-                .mode("overwrite")
-                .option("overwriteSchema", "true")
-                .options(**self.context.writer_options(version))
-            )
-            self.target.save(writer)
+            self.overwrite(index, version)
             return written
         finally:
             index.unpersist()
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
-        if not self.target.exists():
-            raise PermanentError(
-                f"fulltext_index target {self.target} is missing; re-register the job to "
-                "rebuild it",
-                ErrorCode.TARGET_MISSING,
-            )
+        target = self.require_target()
         latest = latest_change_per_key(changes, self.key)
         fresh = postings(
             latest.where(F.col("_change_type") != "delete"), self.key, self.columns, self.tokenizer
@@ -299,7 +289,7 @@ class FulltextIndexConsumer(Consumer):
         entry = ["term", *self.key, "field"]
         # The postings the changed documents have now and will not keep.
         stale = (
-            self.target.delta()
+            target.delta()
             .toDF()
             .join(F.broadcast(latest.select(*self.key).distinct()), self.key, "left_semi")
             .select(*entry)
@@ -322,7 +312,7 @@ class FulltextIndexConsumer(Consumer):
             }
             with self.context.idempotent(to_version):
                 (
-                    self.target.delta()
+                    target.delta()
                     .alias("t")
                     .merge(source.alias("s"), on)
                     .whenMatchedDelete(condition=F.col("s._delete"))
@@ -389,11 +379,3 @@ def bm25_search(
         .orderBy(F.desc("score"), *key)
         .limit(limit)
     )
-
-
-CONSUMER_TYPE = ConsumerType(
-    name="fulltext_index",
-    validate_options=validate_options,
-    source_columns=source_columns,
-    factory=FulltextIndexConsumer,
-)

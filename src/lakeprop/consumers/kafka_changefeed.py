@@ -33,38 +33,41 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
 from lakeprop.consumers.base import Consumer
-from lakeprop.consumers.replica import identifier_list
-from lakeprop.errors import InvalidIdentifierError
+from lakeprop.consumers.options import identifier_list, reject_unknown_options
+from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 
 _ALLOWED = {"topic", "bootstrap_servers", "primary_key"}
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _OPS = {"insert": "insert", "update_postimage": "update", "delete": "delete"}
 
 
-def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    reject_unknown_options("kafka_changefeed", options, _ALLOWED)
-    topic = options.get("topic")
-    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
-        raise InvalidConsumerOptionsError(
-            f"kafka_changefeed option topic must be a Kafka topic name, got {topic!r}"
-        )
-    servers = options.get("bootstrap_servers")
-    if not isinstance(servers, str) or not servers.strip():
-        raise InvalidConsumerOptionsError("kafka_changefeed option bootstrap_servers is required")
-    try:
-        key = identifier_list(options.get("primary_key"), "kafka_changefeed", "primary_key")
-    except InvalidIdentifierError as exc:
-        raise InvalidConsumerOptionsError(f"kafka_changefeed: {exc}") from None
-    return {"topic": topic, "bootstrap_servers": servers, "primary_key": key}
-
-
-def source_columns(options: Mapping[str, Any]) -> list[str]:
-    return list(options["primary_key"])
-
-
 class KafkaChangefeedConsumer(Consumer):
+    """Every change as a JSON message on a Kafka topic, in version order per key."""
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        reject_unknown_options("kafka_changefeed", options, _ALLOWED)
+        topic = options.get("topic")
+        if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
+            raise InvalidConsumerOptionsError(
+                f"kafka_changefeed option topic must be a Kafka topic name, got {topic!r}"
+            )
+        servers = options.get("bootstrap_servers")
+        if not isinstance(servers, str) or not servers.strip():
+            raise InvalidConsumerOptionsError(
+                "kafka_changefeed option bootstrap_servers is required"
+            )
+        try:
+            key = identifier_list(options.get("primary_key"), "kafka_changefeed", "primary_key")
+        except InvalidIdentifierError as exc:
+            raise InvalidConsumerOptionsError(f"kafka_changefeed: {exc}") from None
+        return {"topic": topic, "bootstrap_servers": servers, "primary_key": key}
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return list(options["primary_key"])
+
     def _publish(self, data: DataFrame, op: Column, version: Column, ts: Column) -> int:
         options = self.context.options
         key_cols = list(options["primary_key"])
@@ -104,11 +107,3 @@ class KafkaChangefeedConsumer(Consumer):
         data = changes.where(F.col("_change_type") != "update_preimage")
         op = F.coalesce(*[F.when(F.col("_change_type") == k, F.lit(v)) for k, v in _OPS.items()])
         return self._publish(data, op, F.col("_commit_version"), F.col("_commit_timestamp"))
-
-
-CONSUMER_TYPE = ConsumerType(
-    name="kafka_changefeed",
-    validate_options=validate_options,
-    source_columns=source_columns,
-    factory=KafkaChangefeedConsumer,
-)

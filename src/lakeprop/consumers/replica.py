@@ -17,110 +17,56 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
 from lakeprop.consumers.base import Consumer, ConsumerContext
-from lakeprop.errors import ErrorCode, InvalidIdentifierError, PermanentError
-from lakeprop.identifiers import validate_identifier
-from lakeprop.spec import JobKey
-
-if TYPE_CHECKING:
-    from lakeprop.tables.resolve import TableHandle
-
-_ALLOWED = {"primary_key", "columns", "target_database", "target_table"}
-
-
-def identifier_list(value: object, consumer: str, what: str) -> list[str]:
-    """A required, non-empty list of distinct column names."""
-    if value is None:
-        raise InvalidConsumerOptionsError(f"{consumer} option {what} is required")
-    if not isinstance(value, list) or not value:
-        raise InvalidConsumerOptionsError(
-            f"{consumer} option {what} must be a non-empty list of column names"
-        )
-    names = [validate_identifier(v, f"{consumer} option {what} entry") for v in value]
-    if len({n.lower() for n in names}) != len(names):
-        raise InvalidConsumerOptionsError(f"{consumer} option {what} lists a column twice")
-    return names
-
-
-def target_options(options: Mapping[str, Any]) -> dict[str, str | None]:
-    """The optional target_database / target_table options, validated."""
-    return {
-        name: None if options.get(name) is None else validate_identifier(options[name], name)
-        for name in ("target_database", "target_table")
-    }
-
-
-def target_table(key: JobKey, options: Mapping[str, Any]) -> tuple[str, str]:
-    """(database, table) of a consumer's target: the options' target_database and
-    target_table, or <source database>.<source table>_<job name>."""
-    return (
-        options.get("target_database") or key.database,
-        options.get("target_table") or f"{key.table}_{key.job_name}",
-    )
-
-
-def target_name(context: ConsumerContext) -> TableHandle:
-    """The target table of the job ``context`` serves."""
-    return context.locate(*target_table(context.key, context.options))
-
-
-def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    reject_unknown_options("replica", options, _ALLOWED)
-    try:
-        primary_key = identifier_list(options.get("primary_key"), "replica", "primary_key")
-        raw_columns = options.get("columns")
-        columns = (
-            None if raw_columns is None else identifier_list(raw_columns, "replica", "columns")
-        )
-        out: dict[str, Any] = {"primary_key": primary_key, "columns": columns}
-        out.update(target_options(options))
-    except InvalidIdentifierError as exc:
-        raise InvalidConsumerOptionsError(str(exc)) from None
-    assert primary_key is not None
-    if columns is not None:
-        missing = [c for c in primary_key if c.lower() not in {x.lower() for x in columns}]
-        if missing:
-            raise InvalidConsumerOptionsError(
-                f"replica option columns must include the primary key column(s) {missing}"
-            )
-    return out
-
-
-def source_columns(options: Mapping[str, Any]) -> list[str]:
-    return list(options["primary_key"]) + [
-        c for c in (options.get("columns") or []) if c not in options["primary_key"]
-    ]
-
-
-def latest_change_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
-    """The last change of every key in commit order (pre-images dropped).
-
-    Within one commit a key may be deleted and inserted again (an overwrite
-    does that): the insert is the state the commit leaves, so it ranks last.
-    """
-    rank = F.when(F.col("_change_type") == "delete", 0).otherwise(1)
-    order = Window.partitionBy(*key).orderBy(F.desc("_commit_version"), F.desc("_rank"))
-    return (
-        changes.where(F.col("_change_type") != "update_preimage")
-        .withColumn("_rank", rank)
-        .withColumn("_n", F.row_number().over(order))
-        .where(F.col("_n") == 1)
-        .drop("_n", "_rank")
-    )
+from lakeprop.consumers.changes import latest_change_per_key
+from lakeprop.consumers.options import (
+    TARGET_OPTIONS,
+    identifier_list,
+    reject_unknown_options,
+    target_options,
+)
+from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 
 
 class ReplicaConsumer(Consumer):
+    """The source's chosen columns, one row per primary key, MERGEd per range."""
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        reject_unknown_options("replica", options, {"primary_key", "columns", *TARGET_OPTIONS})
+        try:
+            primary_key = identifier_list(options.get("primary_key"), "replica", "primary_key")
+            raw_columns = options.get("columns")
+            columns = (
+                None if raw_columns is None else identifier_list(raw_columns, "replica", "columns")
+            )
+            out: dict[str, Any] = {"primary_key": primary_key, "columns": columns}
+            out.update(target_options(options))
+        except InvalidIdentifierError as exc:
+            raise InvalidConsumerOptionsError(str(exc)) from None
+        if columns is not None:
+            missing = [c for c in primary_key if c.lower() not in {x.lower() for x in columns}]
+            if missing:
+                raise InvalidConsumerOptionsError(
+                    f"replica option columns must include the primary key column(s) {missing}"
+                )
+        return out
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return list(options["primary_key"]) + [
+            c for c in (options.get("columns") or []) if c not in options["primary_key"]
+        ]
+
     def __init__(self, context: ConsumerContext) -> None:
         super().__init__(context)
         self.key: list[str] = list(context.options["primary_key"])
         self.columns: list[str] = self.target_columns()
-        self.target = target_name(context)
 
     def target_columns(self) -> list[str]:
         """Columns of the target table, in order."""
@@ -128,21 +74,11 @@ class ReplicaConsumer(Consumer):
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         data = rows.select(*self.columns)
-        writer = (
-            data.write.format("delta")
-            .mode("overwrite")
-            .option("overwriteSchema", "true")
-            .options(**self.context.writer_options(version))
-        )
-        self.target.save(writer)
+        self.overwrite(data, version)
         return int(data.count())
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
-        if not self.target.exists():
-            raise PermanentError(
-                f"replica target {self.target} is missing; re-register the job to rebuild it",
-                ErrorCode.TARGET_MISSING,
-            )
+        target = self.require_target()
         latest = (
             latest_change_per_key(changes, self.key).select(*self.columns, "_change_type").persist()
         )
@@ -155,7 +91,7 @@ class ReplicaConsumer(Consumer):
             deleted = F.col("s._change_type") == "delete"
             with self.context.idempotent(to_version):
                 (
-                    self.target.delta()
+                    target.delta()
                     .alias("t")
                     .merge(latest.alias("s"), on)
                     .whenMatchedDelete(condition=deleted)
@@ -166,11 +102,3 @@ class ReplicaConsumer(Consumer):
             return written
         finally:
             latest.unpersist()
-
-
-CONSUMER_TYPE = ConsumerType(
-    name="replica",
-    validate_options=validate_options,
-    source_columns=source_columns,
-    factory=ReplicaConsumer,
-)

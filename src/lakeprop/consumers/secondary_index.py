@@ -19,26 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lakeprop.consumers import ConsumerType, InvalidConsumerOptionsError, reject_unknown_options
-from lakeprop.consumers.replica import ReplicaConsumer, identifier_list, target_options
-from lakeprop.errors import InvalidIdentifierError
-
-_ALLOWED = {"columns", "primary_key", "target_database", "target_table"}
-
-
-def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    reject_unknown_options("secondary_index", options, _ALLOWED)
-    try:
-        out: dict[str, Any] = {
-            "columns": identifier_list(options.get("columns"), "secondary_index", "columns"),
-            "primary_key": identifier_list(
-                options.get("primary_key"), "secondary_index", "primary_key"
-            ),
-        }
-        out.update(target_options(options))
-    except InvalidIdentifierError as exc:
-        raise InvalidConsumerOptionsError(f"secondary_index: {exc}") from None
-    return out
+from lakeprop.consumers.options import (
+    TARGET_OPTIONS,
+    identifier_list,
+    reject_unknown_options,
+    target_options,
+)
+from lakeprop.consumers.replica import ReplicaConsumer
+from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 
 
 def index_columns(options: Mapping[str, Any]) -> list[str]:
@@ -51,13 +39,25 @@ def index_columns(options: Mapping[str, Any]) -> list[str]:
 class SecondaryIndexConsumer(ReplicaConsumer):
     """A replica of the indexed and key columns, maintained per primary key."""
 
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        allowed = {"columns", "primary_key", *TARGET_OPTIONS}
+        reject_unknown_options("secondary_index", options, allowed)
+        try:
+            out: dict[str, Any] = {
+                "columns": identifier_list(options.get("columns"), "secondary_index", "columns"),
+                "primary_key": identifier_list(
+                    options.get("primary_key"), "secondary_index", "primary_key"
+                ),
+            }
+            out.update(target_options(options))
+        except InvalidIdentifierError as exc:
+            raise InvalidConsumerOptionsError(f"secondary_index: {exc}") from None
+        return out
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return index_columns(options)
+
     def target_columns(self) -> list[str]:
         return index_columns(self.context.options)
-
-
-CONSUMER_TYPE = ConsumerType(
-    name="secondary_index",
-    validate_options=validate_options,
-    source_columns=index_columns,
-    factory=SecondaryIndexConsumer,
-)

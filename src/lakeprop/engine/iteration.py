@@ -12,23 +12,26 @@ as such. Missing files are never skipped.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop.consumers import get_consumer_type
 from lakeprop.consumers.base import ConsumerContext
-from lakeprop.engine.triggers import IterationKind, IterationPlan, Member
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    MemberJob,
+    MemberResult,
+)
 from lakeprop.errors import ErrorCode, LakepropError
 from lakeprop.faults import fault_point
-from lakeprop.spec import JobKey, JobSpec
-from lakeprop.tables.resolve import TableHandle
+from lakeprop.registry import get_consumer_type
+from lakeprop.tables.resolve import TableHandle, Tables
 
 log = logging.getLogger(__name__)
 
@@ -43,71 +46,6 @@ _UNREADABLE_RANGE = (
     "change data was not recorded",
     "not enabled for change data feed",
 )
-
-
-class CancelToken:
-    """Set when an iteration is cancelled (timeout, unregister, update, shutdown)."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason = ""
-        self.code = ErrorCode.ITERATION_CANCELED
-
-    def cancel(self, reason: str, code: ErrorCode = ErrorCode.ITERATION_CANCELED) -> None:
-        if not self._event.is_set():
-            self.reason, self.code = reason, code
-            self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-
-@dataclass(frozen=True)
-class MemberJob:
-    """A member of the plan together with what its consumer needs."""
-
-    member: Member
-    key: JobKey
-    spec: JobSpec
-
-
-@dataclass
-class MemberResult:
-    ref: Any
-    job_id: int
-    consumer_type: str
-    rows_written: int = 0
-    error_code: int = 0
-    error_msg: str = ""
-    consumer_spec: str = ""
-    """Canonical JSON of the consumer (type and options) the member ran with."""
-
-    @property
-    def ok(self) -> bool:
-        return self.error_code == 0
-
-
-@dataclass
-class IterationResult:
-    plan: IterationPlan
-    kind: IterationKind
-    started_at: float
-    ended_at: float = 0.0
-    rows_read: int = 0
-    source_scans: int = 0
-    resync_reason: str = ""
-    members: list[MemberResult] = field(default_factory=list)
-    canceled: bool = False
-
-    @property
-    def outcome(self) -> str:
-        if self.canceled:
-            return "canceled"
-        failed = sum(not m.ok for m in self.members)
-        if failed == 0:
-            return "success"
-        return "failed" if failed == len(self.members) else "partial"
 
 
 def _unreadable(exc: BaseException) -> bool:
@@ -267,3 +205,22 @@ def _consume(
             result.error_msg,
         )
     return result
+
+
+def iteration_work(
+    plan: IterationPlan, jobs: Sequence[MemberJob], tables: Tables
+) -> Callable[[SparkSession, CancelToken], IterationResult]:
+    """The scheduler's work for ``plan``: run it with the worker's session."""
+
+    def work(session: SparkSession, token: CancelToken) -> IterationResult:
+        source = tables.handle(plan.table.database, plan.table.table, session)
+        return run_iteration(
+            session,
+            plan,
+            jobs,
+            source,
+            lambda database, table: tables.handle(database, table, session),
+            token,
+        )
+
+    return work

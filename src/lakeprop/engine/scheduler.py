@@ -12,6 +12,10 @@
 
 The scheduler knows nothing of triggers, the catalog or consumers: it runs the
 callables it is given and hands their results back through :meth:`drain`.
+Which queued task runs next is a pure policy (:mod:`lakeprop.engine.policy`);
+this module is the mechanism around it: threads, sessions, job groups and the
+watchdog. It is built idle; :meth:`Scheduler.start` starts the workers and
+:meth:`Scheduler.shutdown` stops them (a later ``start`` begins again).
 """
 
 from __future__ import annotations
@@ -23,14 +27,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
-from lakeprop.engine.iteration import CancelToken, IterationResult, MemberResult
-from lakeprop.engine.triggers import IterationKind, IterationPlan, TableRef
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationPlan,
+    IterationResult,
+    MemberResult,
+    TableRef,
+)
+from lakeprop.engine.policy import Policy, priority_first
 from lakeprop.errors import ErrorCode
+from lakeprop.spec import JobRef
 
 log = logging.getLogger(__name__)
 
@@ -46,61 +56,75 @@ class _Task:
     token: CancelToken = field(default_factory=CancelToken)
     started_at: float | None = None
 
-    @property
-    def serial(self) -> bool:
-        return self.plan.kind is IterationKind.TAIL
-
 
 class Scheduler:
     """Runs submitted iterations on ``workers`` threads; see the module docstring."""
 
-    def __init__(self, spark: SparkSession, workers: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        workers: int,
+        timeout_s: float,
+        policy: Policy[_Task] = priority_first,
+    ) -> None:
         self.spark = spark
+        self.workers = workers
         self.timeout_s = timeout_s
+        self.policy = policy
         self._cond = threading.Condition()
         self._queued: list[_Task] = []
         self._running: dict[str, _Task] = {}
         self._busy_tables: set[TableRef] = set()
         self._done: queue.Queue[IterationResult] = queue.Queue()
-        self._undrained: dict[str, set[Any]] = {}
+        self._undrained: dict[str, set[JobRef]] = {}
         """Members of finished iterations whose results were not drained yet: still in
         flight for trigger selection, whose catalog does not show their progress yet."""
         self._seq = itertools.count()
-        self._closed = False
+        self._closed = True
+        self._threads: list[InheritableThread] = []
+
+    def start(self) -> None:
+        """Start the workers and the watchdog (idempotent while running)."""
+        with self._cond:
+            if not self._closed:
+                return
+            self._closed = False
         self._threads = [
             InheritableThread(
                 target=self._work_loop, args=(i,), name=f"lakeprop-worker-{i}", daemon=True
             )
-            for i in range(workers)
+            for i in range(self.workers)
         ]
-        self._watchdog = InheritableThread(
-            target=self._watch, name="lakeprop-watchdog", daemon=True
-        )
-        for thread in [*self._threads, self._watchdog]:
+        watchdog = InheritableThread(target=self._watch, name="lakeprop-watchdog", daemon=True)
+        for thread in [*self._threads, watchdog]:
             thread.start()
+
+    @property
+    def started(self) -> bool:
+        return not self._closed
 
     # -- producer side ------------------------------------------------------------------
 
     def submit(self, plan: IterationPlan, work: Work, consumer_types: dict[int, str]) -> None:
         with self._cond:
             if self._closed:
-                raise RuntimeError("scheduler is shut down")
+                raise RuntimeError("scheduler is not running")
             self._queued.append(_Task(plan, work, consumer_types, next(self._seq)))
             self._cond.notify_all()
 
-    def in_flight(self) -> set[Any]:
+    def in_flight(self) -> set[JobRef]:
         """Refs of every job in a queued, running or finished but undrained iteration."""
         with self._cond:
             tasks = [*self._queued, *self._running.values()]
             refs = {m.ref for t in tasks for m in t.plan.members}
             return refs.union(*self._undrained.values())
 
-    def running(self) -> set[Any]:
+    def running(self) -> set[JobRef]:
         """Refs of every job in a running iteration."""
         with self._cond:
             return {m.ref for t in self._running.values() for m in t.plan.members}
 
-    def cancel(self, refs: set[Any], reason: str) -> int:
+    def cancel(self, refs: set[JobRef], reason: str) -> int:
         """Cancel queued and running iterations that include any of these jobs."""
         cancelled = 0
         with self._cond:
@@ -146,12 +170,11 @@ class Scheduler:
     # -- worker side --------------------------------------------------------------------
 
     def _next(self) -> _Task | None:
-        runnable = [t for t in self._queued if not (t.serial and t.plan.table in self._busy_tables)]
-        if not runnable:
+        task = self.policy(self._queued, self._busy_tables)
+        if task is None:
             return None
-        task = min(runnable, key=lambda t: (-t.plan.priority, t.seq))
         self._queued.remove(task)
-        if task.serial:
+        if task.plan.serial:
             self._busy_tables.add(task.plan.table)
         task.started_at = time.monotonic()
         self._running[task.plan.iteration_id] = task
@@ -184,7 +207,7 @@ class Scheduler:
                 )
             with self._cond:
                 self._running.pop(plan.iteration_id, None)
-                if task.serial:
+                if plan.serial:
                     self._busy_tables.discard(plan.table)
                 self._undrained[plan.iteration_id] = {m.ref for m in plan.members}
                 self._done.put(result)

@@ -17,44 +17,26 @@ The rules of the seed, per source table:
 
 A table is probed only when it has an eligible job, and a table without a
 version beyond the watermark gets no iteration: its jobs are just marked fresh.
+
+Each trigger kind has one planner in :data:`PLANNERS`; a new kind is an enum
+value in :class:`~lakeprop.spec.TriggerKind` and a planner here.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
 
-from lakeprop.spec import TriggerKind
-
-
-class IterationKind(str, Enum):
-    SNAPSHOT = "snapshot"
-    """Hand the consumers the whole table as of ``to_version`` (they replace)."""
-    TAIL = "tail"
-    """Hand the consumers the changes in ``(from_version, to_version]``."""
-
-
-@dataclass(frozen=True, order=True)
-class TableRef:
-    """A source table as one tenant sees it: the unit of serial processing."""
-
-    account_id: int
-    database: str
-    table: str
-
-    def __str__(self) -> str:
-        return f"{self.account_id}/{self.database}.{self.table}"
+from lakeprop.engine.model import IterationKind, IterationPlan, Member, TableRef
+from lakeprop.spec import JobRef, TriggerKind
 
 
 @dataclass(frozen=True)
 class JobView:
     """What trigger selection needs to know of one live job."""
 
-    ref: Any
-    """Opaque handle the caller uses to find the job again (its catalog row id)."""
+    ref: JobRef
+    """The job's identity (key and job id), to find it again in the catalog."""
     job_id: int
     kind: TriggerKind
     priority: int = 0
@@ -71,36 +53,10 @@ class JobView:
     """In state ``error``: waits for a person (update_spec) before it runs again."""
 
 
-@dataclass(frozen=True)
-class Member:
-    """One job in an iteration, with the version its changes start after."""
-
-    ref: Any
-    job_id: int
-    from_version: int | None
-
-
-@dataclass(frozen=True)
-class IterationPlan:
-    table: TableRef
-    kind: IterationKind
-    to_version: int
-    members: tuple[Member, ...]
-    priority: int
-    planned_at: float
-    iteration_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-    @property
-    def from_version(self) -> int | None:
-        """Where the shared scan starts: the lowest member watermark (tail only)."""
-        starts = [m.from_version for m in self.members if m.from_version is not None]
-        return min(starts) if starts else None
-
-
 @dataclass
 class TablePlan:
     iterations: list[IterationPlan] = field(default_factory=list)
-    fresh: list[Any] = field(default_factory=list)
+    fresh: list[JobRef] = field(default_factory=list)
     """Refs of jobs found in step with the latest version: their watermark_ts moves."""
 
 
@@ -130,75 +86,126 @@ def probe_from(jobs: Iterable[JobView], now: float) -> tuple[bool, int | None]:
     return True, min(j.watermark for j in eligible if j.watermark is not None)
 
 
-def _tail(
-    table: TableRef, members: Sequence[JobView], to_version: int, now: float
-) -> IterationPlan:
-    return IterationPlan(
-        table=table,
-        kind=IterationKind.TAIL,
-        to_version=to_version,
-        members=tuple(Member(j.ref, j.job_id, j.watermark) for j in members),
-        priority=max(j.priority for j in members),
-        planned_at=now,
+@dataclass(frozen=True)
+class TableState:
+    """One table's jobs at one tick, as the planners see it."""
+
+    table: TableRef
+    jobs: Sequence[JobView]
+    """Every live job of the table, eligible or not."""
+    latest: int
+    now: float
+
+    def tail(self, members: Sequence[JobView], to_version: int | None = None) -> IterationPlan:
+        return IterationPlan(
+            table=self.table,
+            kind=IterationKind.TAIL,
+            to_version=self.latest if to_version is None else to_version,
+            members=tuple(Member(j.ref, j.job_id, j.watermark) for j in members),
+            priority=max(j.priority for j in members),
+            planned_at=self.now,
+        )
+
+    def behind(self, kind: TriggerKind) -> list[JobView]:
+        """Eligible jobs of ``kind`` with a watermark short of the latest version."""
+        return [
+            j
+            for j in self.jobs
+            if j.kind is kind
+            and j.watermark is not None
+            and j.watermark < self.latest
+            and is_eligible(j, self.now)
+        ]
+
+    @property
+    def group_mark(self) -> int | None:
+        """The highest watermark of the table's synced default jobs."""
+        marks = [j.watermark for j in self.jobs if j.kind is TriggerKind.DEFAULT]
+        return max((m for m in marks if m is not None), default=None)
+
+
+Planner = Callable[[TableState], list[IterationPlan]]
+"""The tail iterations one trigger kind wants on a table this tick."""
+
+
+def plan_greedy(state: TableState) -> list[IterationPlan]:
+    """An iteration of its own for every greedy job behind."""
+    return [state.tail([job]) for job in state.behind(TriggerKind.GREEDY)]
+
+
+def plan_periodic(state: TableState) -> list[IterationPlan]:
+    """Due periodic jobs: the sharing ones together, the others alone."""
+    periodic = state.behind(TriggerKind.PERIODIC)
+    shared = [j for j in periodic if j.share]
+    plans = [state.tail(shared)] if shared else []
+    return plans + [state.tail([j]) for j in periodic if not j.share]
+
+
+def plan_default(state: TableState) -> list[IterationPlan]:
+    """Default jobs share one iteration; one laggard at a time catches up."""
+    default = state.behind(TriggerKind.DEFAULT)
+    group_mark = state.group_mark
+    if not default or group_mark is None:
+        return []
+    synced = [j for j in state.jobs if j.kind is TriggerKind.DEFAULT and j.watermark is not None]
+    group_busy = any(j.in_flight and j.watermark == group_mark for j in synced)
+    catching_up = any(
+        j.in_flight and j.watermark is not None and j.watermark < group_mark for j in synced
     )
+    leaders = [j for j in default if j.watermark == group_mark]
+    laggards = sorted(
+        (j for j in default if j.watermark is not None and j.watermark < group_mark),
+        key=lambda j: (j.watermark, -j.priority, j.job_id),
+    )
+    laggard = laggards[0] if laggards and not catching_up else None
+    if leaders and not group_busy:
+        return [state.tail([*leaders, *([laggard] if laggard is not None else [])])]
+    if laggard is not None:
+        return [state.tail([laggard], group_mark)]
+    return []
 
 
-def plan_table(
-    table: TableRef, jobs: Sequence[JobView], latest: int | None, now: float
-) -> TablePlan:
-    """The iterations due on one table, given its latest version (None: no versions)."""
-    plan = TablePlan()
-    if latest is None:
-        return plan
-    eligible = [j for j in jobs if is_eligible(j, now)]
-    synced_default = [j for j in jobs if j.kind is TriggerKind.DEFAULT and j.watermark is not None]
-    group_mark = max((j.watermark for j in synced_default if j.watermark is not None), default=None)
+PLANNERS: dict[TriggerKind, Planner] = {
+    TriggerKind.GREEDY: plan_greedy,
+    TriggerKind.PERIODIC: plan_periodic,
+    TriggerKind.DEFAULT: plan_default,
+}
 
-    for job in (j for j in eligible if j.watermark is None):
-        to_version = latest
-        if job.kind is TriggerKind.DEFAULT and group_mark is not None:
-            to_version = group_mark
-        plan.iterations.append(
+
+def plan_snapshots(state: TableState) -> list[IterationPlan]:
+    """A snapshot of its own for every new job: a default job syncs to the group's
+    watermark (so it can join the group), any other to the latest version."""
+    plans = []
+    for job in (j for j in state.jobs if j.watermark is None and is_eligible(j, state.now)):
+        to_version = state.latest
+        if job.kind is TriggerKind.DEFAULT and state.group_mark is not None:
+            to_version = state.group_mark
+        plans.append(
             IterationPlan(
-                table=table,
+                table=state.table,
                 kind=IterationKind.SNAPSHOT,
                 to_version=to_version,
                 members=(Member(job.ref, job.job_id, None),),
                 priority=job.priority,
-                planned_at=now,
+                planned_at=state.now,
             )
         )
+    return plans
 
-    synced = [j for j in eligible if j.watermark is not None]
-    plan.fresh = [j.ref for j in synced if j.watermark == latest]
-    behind = [j for j in synced if j.watermark is not None and j.watermark < latest]
 
-    for job in (j for j in behind if j.kind is TriggerKind.GREEDY):
-        plan.iterations.append(_tail(table, [job], latest, now))
-
-    periodic = [j for j in behind if j.kind is TriggerKind.PERIODIC]
-    shared = [j for j in periodic if j.share]
-    if shared:
-        plan.iterations.append(_tail(table, shared, latest, now))
-    for job in (j for j in periodic if not j.share):
-        plan.iterations.append(_tail(table, [job], latest, now))
-
-    default = [j for j in behind if j.kind is TriggerKind.DEFAULT]
-    if default and group_mark is not None:
-        group_busy = any(j.in_flight and j.watermark == group_mark for j in synced_default)
-        catching_up = any(
-            j.in_flight and j.watermark is not None and j.watermark < group_mark
-            for j in synced_default
-        )
-        leaders = [j for j in default if j.watermark == group_mark]
-        laggards = sorted(
-            (j for j in default if j.watermark is not None and j.watermark < group_mark),
-            key=lambda j: (j.watermark, -j.priority, j.job_id),
-        )
-        laggard = laggards[0] if laggards and not catching_up else None
-        if leaders and not group_busy:
-            riders = [laggard] if laggard is not None else []
-            plan.iterations.append(_tail(table, [*leaders, *riders], latest, now))
-        elif laggard is not None:
-            plan.iterations.append(_tail(table, [laggard], group_mark, now))
-    return plan
+def plan_table(
+    table: TableRef,
+    jobs: Sequence[JobView],
+    latest: int | None,
+    now: float,
+    planners: Mapping[TriggerKind, Planner] = PLANNERS,
+) -> TablePlan:
+    """The iterations due on one table, given its latest version (None: no versions)."""
+    if latest is None:
+        return TablePlan()
+    state = TableState(table, jobs, latest, now)
+    iterations = plan_snapshots(state)
+    for planner in planners.values():
+        iterations += planner(state)
+    fresh = [j.ref for j in jobs if j.watermark == latest and is_eligible(j, now)]
+    return TablePlan(iterations, fresh)

@@ -10,67 +10,52 @@ job ``canceled``, to be planned again on the next tick.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
-from lakeprop.engine.iteration import IterationResult, MemberResult
+from lakeprop.engine.model import IterationResult, MemberResult, Retry
 from lakeprop.engine.retry import retry_delay
 from lakeprop.errors import ErrorCode, is_temporary_code
-from lakeprop.state.catalog import CatalogRow, JobState, RowId
+from lakeprop.spec import JobRef
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.status import ConsumerStatus, JobState, JobStatus, RetryStatus
 
 
-@dataclass(frozen=True)
-class Retry:
-    attempts: int
-    not_before: float
-
-
-def status_json(result: IterationResult, member: MemberResult, retry: Retry | None = None) -> str:
-    plan = result.plan
-    from_versions = {m.job_id: m.from_version for m in plan.members}
-    status: dict[str, Any] = {
-        "iteration_id": plan.iteration_id,
-        "kind": result.kind.value,
-        "from_version": None
-        if result.kind.value == "snapshot"
-        else from_versions.get(member.job_id),
-        "to_version": plan.to_version,
-        "start_at": datetime.fromtimestamp(result.started_at).isoformat(),
-        "end_at": datetime.fromtimestamp(result.ended_at).isoformat(),
-        "error_code": member.error_code,
-        "error_msg": member.error_msg,
-        "resync": result.resync_reason,
-        "consumers": [
-            {
-                "type": member.consumer_type,
-                "rows_written": member.rows_written,
-                "error_code": member.error_code,
-                "error_msg": member.error_msg,
-            }
-        ],
-    }
-    if retry is not None:
-        status["retry"] = {
-            "attempts": retry.attempts,
-            "not_before": datetime.fromtimestamp(retry.not_before).isoformat(),
-        }
-    return json.dumps(status, sort_keys=True, separators=(",", ":"))
+def status_of(result: IterationResult, member: MemberResult, retry: Retry | None = None) -> str:
+    """The job status a member's result leaves (JSON of :class:`JobStatus`)."""
+    return JobStatus(
+        iteration_id=result.plan.iteration_id,
+        kind=result.kind.value,
+        from_version=result.from_version_of(member.job_id),
+        to_version=result.plan.to_version,
+        start_at=datetime.fromtimestamp(result.started_at).isoformat(),
+        end_at=datetime.fromtimestamp(result.ended_at).isoformat(),
+        error_code=member.error_code,
+        error_msg=member.error_msg,
+        resync=result.resync_reason,
+        consumers=(
+            ConsumerStatus(
+                member.consumer_type, member.rows_written, member.error_code, member.error_msg
+            ),
+        ),
+        retry=None
+        if retry is None
+        else RetryStatus(retry.attempts, datetime.fromtimestamp(retry.not_before).isoformat()),
+    ).to_json()
 
 
 def advance(
-    rows: Mapping[RowId, CatalogRow],
+    rows: Mapping[JobRef, CatalogRow],
     results: Sequence[IterationResult],
-    retries: dict[RowId, Retry],
+    retries: dict[JobRef, Retry],
     now: float,
     *,
     retry_base: float,
     retry_cap: float,
-) -> dict[RowId, CatalogRow]:
+) -> dict[JobRef, CatalogRow]:
     """Catalog rows changed by these results; ``retries`` is updated in place."""
-    changed: dict[RowId, CatalogRow] = {}
+    changed: dict[JobRef, CatalogRow] = {}
     for result in results:
         plan = result.plan
         for member in result.members:
@@ -87,12 +72,12 @@ def advance(
                     row,
                     watermark=plan.to_version,
                     watermark_ts=datetime.fromtimestamp(plan.planned_at),
-                    job_state=JobState.COMPLETED.value,
-                    job_status=status_json(result, member),
+                    job_state=JobState.COMPLETED,
+                    job_status=status_of(result, member),
                 )
             elif member.error_code == ErrorCode.ITERATION_CANCELED:
                 changed[member.ref] = replace(
-                    row, job_state=JobState.CANCELED.value, job_status=status_json(result, member)
+                    row, job_state=JobState.CANCELED, job_status=status_of(result, member)
                 )
             elif is_temporary_code(member.error_code):
                 attempts = retries[member.ref].attempts + 1 if member.ref in retries else 1
@@ -100,12 +85,12 @@ def advance(
                 retries[member.ref] = retry
                 changed[member.ref] = replace(
                     row,
-                    job_state=JobState.PENDING.value,
-                    job_status=status_json(result, member, retry),
+                    job_state=JobState.PENDING,
+                    job_status=status_of(result, member, retry),
                 )
             else:
                 retries.pop(member.ref, None)
                 changed[member.ref] = replace(
-                    row, job_state=JobState.ERROR.value, job_status=status_json(result, member)
+                    row, job_state=JobState.ERROR, job_status=status_of(result, member)
                 )
     return changed

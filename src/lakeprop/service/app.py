@@ -18,9 +18,10 @@ from lakeprop.errors import TemporaryError
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.runner import Runner
 from lakeprop.service.stream import start_query
-from lakeprop.state.catalog import JobCatalog, JobState
+from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory
 from lakeprop.state.outcomes import OutcomeTables
+from lakeprop.state.status import JobState
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.tables.resolve import Tables
 
@@ -40,7 +41,8 @@ class PropagationApp:
             config.state.table_path(REJECTS_TABLE),
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
-        self.scheduler: Scheduler | None = None
+        engine = config.engine
+        self.scheduler = Scheduler(spark, engine.workers, engine.iteration_timeout)
         self.query_failures = 0
         """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
         self.lock = CheckpointLock(spark, config.state.checkpoint_location)
@@ -52,7 +54,7 @@ class PropagationApp:
             self.outcomes,
             Tables(spark, config.tables),
             self.history,
-            None,
+            self.scheduler,
             config.kafka.max_message_bytes,
         )
 
@@ -77,7 +79,7 @@ class PropagationApp:
             done = reached.get(row.job_id)
             if row.is_live and done and (row.watermark is None or done[0] > row.watermark):
                 rows[row.row_id] = replace(
-                    row, watermark=done[0], watermark_ts=done[1], job_state=JobState.COMPLETED.value
+                    row, watermark=done[0], watermark_ts=done[1], job_state=JobState.COMPLETED
                 )
         self.catalog.commit(rows)
         if rows:
@@ -86,17 +88,15 @@ class PropagationApp:
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         if self.config.kafka.create_topic:
-            from lakeprop.client.api import ensure_topic  # needs confluent-kafka
+            from lakeprop.changelog import ensure_topic
 
             ensure_topic(self.config.kafka)
         if not self._locked:
             self.lock.acquire()  # before any state is touched
             self._locked = True
         self.prepare()
-        engine = self.config.engine
-        if engine.enabled and self.scheduler is None:
-            self.scheduler = Scheduler(self.spark, engine.workers, engine.iteration_timeout)
-            self.runner.scheduler = self.scheduler
+        if self.config.engine.enabled:
+            self.scheduler.start()
         query = start_query(
             self.spark, self.config, self.runner.process_batch, available_now=available_now
         )
@@ -185,11 +185,8 @@ class PropagationApp:
 
         Call it once the query has stopped.
         """
-        if self.scheduler is not None:
-            results = self.scheduler.shutdown()
-            self.runner.scheduler = None
-            self.scheduler = None
-            self.runner.record_results(results)
+        if self.scheduler.started:
+            self.runner.record_results(self.scheduler.shutdown())
             self.catalog.commit_staged()
         if self._locked:
             self.lock.release()

@@ -31,6 +31,7 @@ from typing import IO, Any
 from pyspark.sql import SparkSession
 
 from lakeprop.errors import ErrorCode, PermanentError
+from lakeprop.tables.hadoop import HadoopFiles
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class CheckpointLock:
         self._file: IO[str] | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._hadoop: HadoopFiles | None = None
 
     @property
     def local(self) -> bool:
@@ -95,7 +97,7 @@ class CheckpointLock:
             self._renewer = None
             try:
                 if self._read_lease().get("owner") == self.me["owner"]:
-                    self._fs().delete(self._lease_path(), False)
+                    self._files().delete(self._lease_path())
             except Exception as exc:  # the lease expires anyway
                 log.warning("could not remove lease %s: %s", self._lease_path(), exc)
 
@@ -120,36 +122,21 @@ class CheckpointLock:
 
     # -- remote: lease --------------------------------------------------------------------
 
-    def _fs(self) -> Any:
-        jvm = self.spark.sparkContext._jvm
-        assert jvm is not None
-        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
-        return jvm.org.apache.hadoop.fs.Path(self.location).getFileSystem(conf)
+    def _files(self) -> HadoopFiles:
+        if self._hadoop is None:
+            self._hadoop = HadoopFiles(self.spark)
+        return self._hadoop
 
     def _lease_path(self) -> Any:
-        jvm = self.spark.sparkContext._jvm
-        assert jvm is not None
-        return jvm.org.apache.hadoop.fs.Path(f"{self.location}/{LEASE_FILE}")
+        return self._files().path(f"{self.location}/{LEASE_FILE}")
 
     def _read_lease(self) -> dict[str, Any]:
-        fs, path = self._fs(), self._lease_path()
-        if not fs.exists(path):
-            return {}
-        stream = fs.open(path)
-        try:
-            jvm = self.spark.sparkContext._jvm
-            assert jvm is not None
-            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
-        return _parse(str(text))
+        return _parse(self._files().read_text(self._lease_path()) or "")
 
     def _write_lease(self) -> None:
-        stream = self._fs().create(self._lease_path(), True)
-        try:
-            stream.write(json.dumps({**self.me, "renewed": time.time()}).encode())
-        finally:
-            stream.close()
+        self._files().write_text(
+            self._lease_path(), json.dumps({**self.me, "renewed": time.time()})
+        )
 
     def _acquire_lease(self) -> None:
         holder = self._read_lease()

@@ -17,7 +17,6 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from enum import Enum
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -32,34 +31,10 @@ from pyspark.sql.types import (
 
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import LakepropError
-from lakeprop.spec import JobKey, JobSpec, merge_spec
+from lakeprop.spec import JobKey, JobRef, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
-
-
-class JobState(str, Enum):
-    """Seed job states. A new job starts ``completed`` so the runner begins iterating."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    ERROR = "error"
-    CANCELED = "canceled"
-
-
-EMPTY_STATUS = json.dumps(
-    {
-        "from_version": None,
-        "to_version": None,
-        "start_at": None,
-        "end_at": None,
-        "error_code": 0,
-        "error_msg": "",
-        "consumers": [],
-    },
-    sort_keys=True,
-    separators=(",", ":"),
-)
+from lakeprop.state.status import EMPTY_STATUS, JobState
 
 CATALOG_SCHEMA = StructType(
     [
@@ -83,8 +58,6 @@ CATALOG_SCHEMA = StructType(
 )
 CATALOG_KEYS = ("account_id", "database", "table", "job_name", "job_id")
 
-RowId = tuple[JobKey, int]
-
 
 @dataclass(frozen=True)
 class CatalogRow:
@@ -97,7 +70,7 @@ class CatalogRow:
     job_id: int
     table_id: str
     job_spec: str
-    job_state: str
+    job_state: JobState
     watermark: int | None
     """Delta version of the source up to which the job has consumed changes."""
     watermark_ts: datetime | None
@@ -113,7 +86,7 @@ class CatalogRow:
         return JobKey(self.account_id, self.database, self.table, self.job_name)
 
     @property
-    def row_id(self) -> RowId:
+    def row_id(self) -> JobRef:
         return (self.key, self.job_id)
 
     @property
@@ -125,15 +98,18 @@ class CatalogRow:
 
     def consumer_spec(self) -> str:
         """Canonical JSON of the job's consumer (type and options)."""
-        consumer = json.loads(self.job_spec)["iteration"]["consumer"]
-        return json.dumps(consumer, sort_keys=True, separators=(",", ":"))
+        return self.spec().iteration.consumer.canonical()
 
     def as_tuple(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in CATALOG_SCHEMA.fields)
+        values = {f.name: getattr(self, f.name) for f in CATALOG_SCHEMA.fields}
+        values["job_state"] = self.job_state.value
+        return tuple(values.values())
 
     @classmethod
     def from_spark(cls, row: Any) -> CatalogRow:
-        return cls(*(row[f.name] for f in CATALOG_SCHEMA.fields))
+        values = {f.name: row[f.name] for f in CATALOG_SCHEMA.fields}
+        values["job_state"] = JobState(values["job_state"])
+        return cls(**values)
 
     def touched_by(self, record: LogRecord) -> CatalogRow:
         return replace(self, log_partition=record.partition, log_offset=record.offset)
@@ -154,9 +130,9 @@ SourceCheck = Callable[[JobKey, JobSpec], str]
 
 @dataclass
 class ApplyResult:
-    upserts: dict[RowId, CatalogRow] = field(default_factory=dict)
+    upserts: dict[JobRef, CatalogRow] = field(default_factory=dict)
     verdicts: list[Verdict] = field(default_factory=list)
-    cancel: set[RowId] = field(default_factory=set)
+    cancel: set[JobRef] = field(default_factory=set)
     """Jobs whose queued or running iteration must stop: dropped, interrupted by an
     update, or given a new consumer (which restarts them from a snapshot)."""
 
@@ -239,7 +215,7 @@ def apply_commands(
                     job_id=job_id_for(cmd.record),
                     table_id=table_id,
                     job_spec=cmd.spec.canonical(),
-                    job_state=JobState.COMPLETED.value,
+                    job_state=JobState.COMPLETED,
                     watermark=None,
                     watermark_ts=None,
                     job_status=EMPTY_STATUS,
@@ -268,8 +244,8 @@ def apply_commands(
                     result.cancel.add(live.row_id)
                 if cmd.interrupt:
                     result.cancel.add(live.row_id)
-                if live.job_state == JobState.ERROR.value:
-                    updated = replace(updated, job_state=JobState.COMPLETED.value)
+                if live.job_state == JobState.ERROR:
+                    updated = replace(updated, job_state=JobState.COMPLETED)
                 put(updated.touched_by(cmd.record))
                 verdict(Outcome.APPLIED, "spec updated", job_id=live.job_id)
         except LakepropError as exc:
@@ -293,9 +269,9 @@ class JobCatalog:
     def __init__(self, spark: SparkSession, path: str) -> None:
         self.spark = spark
         self.path = path
-        self._rows: dict[RowId, CatalogRow] = {}
-        self._dirty: set[RowId] = set()
-        self._staged: set[RowId] = set()
+        self._rows: dict[JobRef, CatalogRow] = {}
+        self._dirty: set[JobRef] = set()
+        self._staged: set[JobRef] = set()
 
     def ensure(self) -> None:
         state.ensure_table(self.spark, self.path, CATALOG_SCHEMA)
@@ -308,10 +284,10 @@ class JobCatalog:
     def rows(self) -> list[CatalogRow]:
         return list(self._rows.values())
 
-    def by_id(self) -> Mapping[RowId, CatalogRow]:
+    def by_id(self) -> Mapping[JobRef, CatalogRow]:
         return self._rows
 
-    def stage(self, rows: Mapping[RowId, CatalogRow]) -> None:
+    def stage(self, rows: Mapping[JobRef, CatalogRow]) -> None:
         """Change rows in memory now; :meth:`commit_staged` writes them."""
         self._rows.update(rows)
         self._staged.update(rows)
@@ -334,7 +310,7 @@ class JobCatalog:
         self.commit(dirty)
         return len(dirty)
 
-    def delete(self, row_ids: Iterable[RowId]) -> None:
+    def delete(self, row_ids: Iterable[JobRef]) -> None:
         """Remove rows (garbage collection of dropped jobs)."""
         doomed = [self._rows[rid] for rid in row_ids if rid in self._rows]
         if not doomed:
@@ -347,7 +323,7 @@ class JobCatalog:
             self._dirty.discard(row.row_id)
             self._staged.discard(row.row_id)
 
-    def commit(self, upserts: Mapping[RowId, CatalogRow]) -> None:
+    def commit(self, upserts: Mapping[JobRef, CatalogRow]) -> None:
         """Write changed rows to Delta, then to memory (so a failed write changes neither)."""
         if not upserts:
             return

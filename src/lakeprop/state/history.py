@@ -9,7 +9,8 @@ a gap nor an overlap in its version ranges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +26,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lakeprop.engine.iteration import IterationResult
 from lakeprop.state import store as state
 
 # Delta accepts no NOT NULL constraint nested in an array: member fields are nullable.
@@ -63,39 +63,47 @@ HISTORY_SCHEMA = StructType(
 )
 
 
-def history_row(result: IterationResult, job_names: Mapping[int, str]) -> tuple[Any, ...]:
-    plan = result.plan
-    from_versions = {m.job_id: m.from_version for m in plan.members}
-    failures = [m for m in result.members if not m.ok]
-    return (
-        plan.iteration_id,
-        plan.table.account_id,
-        plan.table.database,
-        plan.table.table,
-        result.kind.value,
-        None if result.kind.value == "snapshot" else plan.from_version,
-        plan.to_version,
-        result.rows_read,
-        result.source_scans,
-        result.resync_reason,
-        datetime.fromtimestamp(result.started_at),
-        datetime.fromtimestamp(result.ended_at),
-        result.outcome,
-        max((m.error_code for m in failures), default=0),
-        "; ".join(f"job {m.job_id}: [{m.error_code}] {m.error_msg}" for m in failures)[:4000],
-        [
-            (
-                m.job_id,
-                job_names.get(m.job_id, ""),
-                m.consumer_type,
-                None if result.kind.value == "snapshot" else from_versions.get(m.job_id),
-                m.rows_written,
-                m.error_code,
-                m.error_msg[:2000],
-            )
-            for m in result.members
-        ],
-    )
+@dataclass(frozen=True)
+class MemberRecord:
+    """One job's part in a recorded iteration (fields in MEMBER_SCHEMA order)."""
+
+    job_id: int
+    job_name: str
+    consumer_type: str
+    from_version: int | None
+    rows_written: int
+    error_code: int
+    error_msg: str
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in MEMBER_SCHEMA.fields)
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One row of the iteration history (fields in HISTORY_SCHEMA order)."""
+
+    iteration_id: str
+    account_id: int
+    database: str
+    table: str
+    kind: str
+    from_version: int | None
+    to_version: int
+    rows_read: int
+    source_scans: int
+    resync_reason: str
+    started_at: datetime
+    ended_at: datetime
+    outcome: str
+    error_code: int
+    error_msg: str
+    members: list[MemberRecord]
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        values = {f.name: getattr(self, f.name) for f in HISTORY_SCHEMA.fields}
+        values["members"] = [m.as_tuple() for m in self.members]
+        return tuple(values.values())
 
 
 class IterationHistory:
@@ -106,9 +114,9 @@ class IterationHistory:
     def ensure(self) -> None:
         state.ensure_table(self.spark, self.path, HISTORY_SCHEMA)
 
-    def record(self, results: Sequence[IterationResult], job_names: Mapping[int, str]) -> None:
+    def record(self, records: Sequence[IterationRecord]) -> None:
         """Append (a result is recorded once: after a crash it is gone, not replayed)."""
-        rows = [history_row(r, job_names) for r in results]
+        rows = [r.as_tuple() for r in records]
         if rows:
             self.spark.createDataFrame(rows, HISTORY_SCHEMA).write.format("delta").mode(
                 "append"

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+from lakeprop.tables.hadoop import HadoopFiles
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
@@ -24,39 +25,17 @@ class DeltaLogProbe:
     """Reads Delta log metadata through the Hadoop file system of the session."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._jvm: Any = spark.sparkContext._jvm
-        self._conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-        self._fs: dict[str, Any] = {}
+        self.files = HadoopFiles(spark)
 
-    def _log_path(self, location: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/_delta_log")
+    def _log(self, location: str, name: str | None = None) -> Any:
+        return self.files.path(location.rstrip("/") + "/_delta_log", *([name] if name else []))
 
-    def _filesystem(self, path: Any) -> Any:
-        key = str(path.toUri().getScheme()) + "://" + str(path.toUri().getAuthority())
-        if key not in self._fs:
-            self._fs[key] = path.getFileSystem(self._conf)
-        return self._fs[key]
+    @staticmethod
+    def _commit(version: int) -> str:
+        return f"{version:020d}.json"
 
-    def _lines(self, log: Any, name: str) -> Iterator[str]:
-        """The lines of a file in the log directory (none if it does not exist)."""
-        fs = self._filesystem(log)
-        path = self._jvm.org.apache.hadoop.fs.Path(log, name)
-        if not fs.exists(path):
-            return
-        stream = fs.open(path)
-        try:
-            reader = self._jvm.java.io.BufferedReader(
-                self._jvm.java.io.InputStreamReader(stream, "UTF-8")
-            )
-            line = reader.readLine()
-            while line is not None:
-                yield str(line)
-                line = reader.readLine()
-        finally:
-            stream.close()
-
-    def _checkpoint_version(self, log: Any) -> int | None:
-        line = next(self._lines(log, "_last_checkpoint"), None)
+    def _checkpoint_version(self, location: str) -> int | None:
+        line = next(self.files.lines(self._log(location, "_last_checkpoint")), None)
         try:
             return int(json.loads(line)["version"]) if line else None
         except (ValueError, KeyError, TypeError):
@@ -64,11 +43,9 @@ class DeltaLogProbe:
 
     def has_version_after(self, location: str, version: int) -> bool:
         """True when the table has a commit later than ``version``."""
-        log = self._log_path(location)
-        fs = self._filesystem(log)
-        if fs.exists(self._jvm.org.apache.hadoop.fs.Path(log, f"{version + 1:020d}.json")):
+        if self.files.exists(self._log(location, self._commit(version + 1))):
             return True
-        checkpoint = self._checkpoint_version(log)
+        checkpoint = self._checkpoint_version(location)
         return checkpoint is not None and checkpoint > version
 
     def has_version(self, location: str, version: int) -> bool:
@@ -77,17 +54,15 @@ class DeltaLogProbe:
         False means the table was dropped, or replaced by a younger one: a table
         never loses its latest commit file to log clean-up.
         """
-        log = self._log_path(location)
-        fs = self._filesystem(log)
-        if fs.exists(self._jvm.org.apache.hadoop.fs.Path(log, f"{version:020d}.json")):
+        if self.files.exists(self._log(location, self._commit(version))):
             return True
-        checkpoint = self._checkpoint_version(log)
+        checkpoint = self._checkpoint_version(location)
         return checkpoint is not None and checkpoint >= version
 
     def table_id(self, location: str) -> str | None:
         """The table's identity from its first commit, or None when that file is gone
         (no table, or log clean-up removed it: ask Delta then)."""
-        for line in self._lines(self._log_path(location), f"{0:020d}.json"):
+        for line in self.files.lines(self._log(location, self._commit(0))):
             if '"metaData"' in line:
                 metadata = json.loads(line).get("metaData") or {}
                 return str(metadata["id"]) if "id" in metadata else None
@@ -95,18 +70,13 @@ class DeltaLogProbe:
 
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
-        log = self._log_path(location)
-        fs = self._filesystem(log)
-        if not fs.exists(log):
-            return None
-        latest: int | None = None
-        for status in fs.listStatus(log):
-            name = status.getPath().getName()
-            match = _COMMIT.match(name) or _CHECKPOINT.match(name)
-            if match:
-                version = int(match.group(1))
-                latest = version if latest is None else max(latest, version)
-        return latest
+        names = self.files.names(self._log(location))
+        versions = [
+            int(match.group(1))
+            for match in (_COMMIT.match(n) or _CHECKPOINT.match(n) for n in names)
+            if match
+        ]
+        return max(versions, default=None)
 
     def last_transaction(self, location: str, app_id: str, lookback: int = 100) -> int | None:
         """The last ``txnVersion`` committed to the table under ``app_id``, if any.
@@ -119,13 +89,11 @@ class DeltaLogProbe:
         latest = self.latest_version(location)
         if latest is None:
             return None
-        log = self._log_path(location)
-        fs = self._filesystem(log)
         for version in range(latest, max(-1, latest - lookback), -1):
-            name = f"{version:020d}.json"
-            if not fs.exists(self._jvm.org.apache.hadoop.fs.Path(log, name)):
+            path = self._log(location, self._commit(version))
+            if not self.files.exists(path):
                 return None
-            for line in self._lines(log, name):
+            for line in self.files.lines(path):
                 if '"txn"' in line:
                     txn = json.loads(line).get("txn") or {}
                     if txn.get("appId") == app_id:

@@ -18,9 +18,9 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, DataFrameReader, DataFrameWriter, SparkSession
 
 from lakeprop.config import TablesConfig
-from lakeprop.consumers import get_consumer_type
 from lakeprop.errors import ErrorCode, SourceTableError, TemporaryError
 from lakeprop.identifiers import qualified
+from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec
 
 

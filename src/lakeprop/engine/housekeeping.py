@@ -1,0 +1,56 @@
+"""Housekeeping on intervals: flush in-memory watermark times, collect dropped jobs.
+
+The seed keeps watermarks in memory and flushes them periodically; here that is
+the ``watermark_ts`` of idle jobs found fresh by trigger selection (and the
+transient pending/running states), written by one catalog commit every
+``engine.watermark_flush_interval``. Dropped jobs stay in the catalog for
+``engine.gc_retention`` and are then deleted, every ``engine.gc_interval``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from lakeprop.config import EngineConfig
+from lakeprop.faults import fault_point
+from lakeprop.spec import JobRef
+from lakeprop.state.catalog import JobCatalog
+
+log = logging.getLogger(__name__)
+
+
+class Housekeeping:
+    def __init__(
+        self, catalog: JobCatalog, engine: EngineConfig, clock: Callable[[], float]
+    ) -> None:
+        self.catalog = catalog
+        self.engine = engine
+        self._last_flush = clock()
+        self._last_gc = 0.0
+
+    def run(self, now: float) -> list[JobRef]:
+        """Flush and collect when their intervals have passed; the jobs collected."""
+        if now - self._last_flush >= self.engine.watermark_flush_interval:
+            fault_point("watermarks.flush")
+            flushed = self.catalog.flush()
+            self._last_flush = now
+            log.info("flushed the watermark times of %d idle job(s)", flushed)
+        if now - self._last_gc < self.engine.gc_interval:
+            return []
+        self._last_gc = now
+        return self.collect_garbage(now)
+
+    def collect_garbage(self, now: float) -> list[JobRef]:
+        """Remove catalog rows of jobs dropped longer than the retention ago."""
+        cutoff = datetime.fromtimestamp(now - self.engine.gc_retention)
+        doomed = [
+            r.row_id for r in self.catalog.rows() if r.drop_at is not None and r.drop_at < cutoff
+        ]
+        if doomed:
+            fault_point("gc.run")
+        self.catalog.delete(doomed)
+        if doomed:
+            log.info("garbage-collected %d dropped job(s)", len(doomed))
+        return doomed

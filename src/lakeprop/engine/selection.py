@@ -1,0 +1,197 @@
+"""Trigger selection against the tables: which iterations are due this tick.
+
+For every source table with an eligible job, one cheap probe of its Delta log
+(no Spark job): an unchanged table only marks its jobs fresh; a changed one
+gets the iterations its jobs' trigger kinds plan (:mod:`lakeprop.engine.triggers`).
+A table whose identity changed under its jobs (dropped, or replaced by a new
+table) fails those jobs with a permanent error: their watermarks count
+versions of a table that is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from pyspark.sql import SparkSession
+
+from lakeprop.engine.model import IterationPlan, Retry, TableRef
+from lakeprop.engine.triggers import JobView, is_eligible, plan_table, probe_from
+from lakeprop.errors import ErrorCode, SourceTableError
+from lakeprop.spec import JobRef, JobSpec
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.status import JobState, JobStatus
+from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import Tables
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Selected:
+    """What one round of trigger selection decided."""
+
+    plans: list[IterationPlan] = field(default_factory=list)
+    fresh: list[JobRef] = field(default_factory=list)
+    """Jobs found in step with their table's latest version."""
+    failed: dict[JobRef, CatalogRow] = field(default_factory=dict)
+    """Jobs put in ``error`` because their source went away (durable)."""
+    probed: int = 0
+    changed_tables: int = 0
+
+
+class TriggerSelection:
+    """Probes tables and plans iterations; keeps the specs and locations it parsed."""
+
+    def __init__(self, spark: SparkSession, tables: Tables) -> None:
+        self.tables = tables
+        self.probe = DeltaLogProbe(spark)
+        self._specs: dict[JobRef, tuple[str, JobSpec]] = {}
+        self._locations: dict[TableRef, str] = {}
+
+    def spec(self, row: CatalogRow) -> JobSpec:
+        """The job's parsed spec (parsed again only when it changed)."""
+        cached = self._specs.get(row.row_id)
+        if cached is None or cached[0] != row.job_spec:
+            cached = (row.job_spec, row.spec())
+            self._specs[row.row_id] = cached
+        return cached[1]
+
+    def forget(self, ref: JobRef) -> None:
+        self._specs.pop(ref, None)
+
+    def select(
+        self,
+        rows: Mapping[JobRef, CatalogRow],
+        in_flight: set[JobRef],
+        retries: Mapping[JobRef, Retry],
+        now: float,
+    ) -> Selected:
+        selected = Selected()
+        for table, views in self._views(rows, in_flight, retries).items():
+            self._select_table(table, views, rows, now, selected)
+        return selected
+
+    def _views(
+        self,
+        rows: Mapping[JobRef, CatalogRow],
+        in_flight: set[JobRef],
+        retries: Mapping[JobRef, Retry],
+    ) -> dict[TableRef, list[JobView]]:
+        by_table: dict[TableRef, list[JobView]] = {}
+        for row in rows.values():
+            if not row.is_live:
+                continue
+            spec = self.spec(row)
+            retry = retries.get(row.row_id)
+            view = JobView(
+                ref=row.row_id,
+                job_id=row.job_id,
+                kind=spec.trigger.kind,
+                priority=spec.iteration.priority,
+                interval_s=spec.trigger.interval_s,
+                share=spec.trigger.share,
+                watermark=row.watermark,
+                watermark_ts=None if row.watermark_ts is None else row.watermark_ts.timestamp(),
+                in_flight=row.row_id in in_flight,
+                blocked_until=None if retry is None else retry.not_before,
+                failed=row.job_state == JobState.ERROR,
+            )
+            by_table.setdefault(TableRef(row.account_id, row.database, row.table), []).append(view)
+        return by_table
+
+    def _select_table(
+        self,
+        table: TableRef,
+        views: list[JobView],
+        rows: Mapping[JobRef, CatalogRow],
+        now: float,
+        selected: Selected,
+    ) -> None:
+        should, since = probe_from(views, now)
+        if not should:
+            return
+        selected.probed += 1
+        location = self._location(table)
+        if since is not None and not self.probe.has_version_after(location, since):
+            if not self.probe.has_version(location, since):
+                # the version the jobs stand on is gone: dropped or replaced
+                self._locations.pop(table, None)
+                views = self._same_source(table, views, rows, selected)
+            selected.fresh += [v.ref for v in views if is_eligible(v, now)]
+            return
+        latest = self.probe.latest_version(location)
+        views = self._same_source(table, views, rows, selected, latest)
+        if latest is None or not views:
+            return
+        selected.changed_tables += 1
+        table_plan = plan_table(table, views, latest, now)
+        selected.plans += table_plan.iterations
+        selected.fresh += table_plan.fresh
+
+    def _location(self, table: TableRef) -> str:
+        if table not in self._locations:
+            self._locations[table] = self.tables.location(table.database, table.table)
+        return self._locations[table]
+
+    def _same_source(
+        self,
+        table: TableRef,
+        views: Sequence[JobView],
+        rows: Mapping[JobRef, CatalogRow],
+        selected: Selected,
+        latest: int | None = 0,
+    ) -> list[JobView]:
+        """The views whose jobs still follow the table they were registered on.
+
+        The others go to ``error`` (permanent) with a message saying to
+        re-register: their source was dropped, or replaced by a table with a new
+        identity (a TRUNCATE-like re-create), whose versions do not continue the
+        ones their watermarks count.
+        """
+        current = None if latest is None else self._table_id(table)
+        if current is None:
+            message = (
+                f"source {table} no longer exists or is not a Delta table; re-register the job"
+            )
+            self._fail(views, rows, selected, ErrorCode.SOURCE_NOT_DELTA, message)
+            return []
+        keep = [v for v in views if rows[v.ref].table_id == current]
+        for view in views:
+            if view not in keep:
+                message = (
+                    f"source {table} was replaced by a new table (id {current}; the job was "
+                    f"registered on id {rows[view.ref].table_id}), so its changes cannot follow "
+                    "the job's watermark; re-register the job to sync from the new table"
+                )
+                self._fail([view], rows, selected, ErrorCode.SOURCE_REPLACED, message)
+        return keep
+
+    def _table_id(self, table: TableRef) -> str | None:
+        """The source's current identity; None when it does not exist."""
+        table_id = self.probe.table_id(self._location(table))
+        if table_id is not None:
+            return table_id
+        self.tables.forget()
+        try:  # the first commit file was cleaned up: ask Delta
+            return self.tables.describe(table.database, table.table).table_id
+        except SourceTableError:
+            return None
+
+    @staticmethod
+    def _fail(
+        views: Sequence[JobView],
+        rows: Mapping[JobRef, CatalogRow],
+        selected: Selected,
+        code: ErrorCode,
+        message: str,
+    ) -> None:
+        status = JobStatus.failure(int(code), message).to_json()
+        failed = [v for v in views if not v.in_flight and not v.failed]
+        for view in failed:
+            selected.failed[view.ref] = replace(
+                rows[view.ref], job_state=JobState.ERROR, job_status=status
+            )
+        if failed:
+            log.error("job(s) %s: %s", [rows[v.ref].job_id for v in failed], message)

@@ -1,0 +1,71 @@
+"""A job's state and status as the catalog stores them (seed: job_state, job_status).
+
+:class:`JobState` is the state column; :class:`JobStatus` is the JSON of the
+``job_status`` column: what the job's last iteration did (or why the job
+failed), with one canonical :meth:`JobStatus.to_json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from lakeprop.spec import canonical_json
+
+
+class JobState(str, Enum):
+    """Seed job states. A new job starts ``completed`` so the runner begins iterating."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ERROR = "error"
+    CANCELED = "canceled"
+
+    @property
+    def transient(self) -> bool:
+        """Queued or running: kept in memory, not worth a Delta commit of its own."""
+        return self in (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class ConsumerStatus:
+    type: str
+    rows_written: int
+    error_code: int
+    error_msg: str
+
+
+@dataclass(frozen=True)
+class RetryStatus:
+    attempts: int
+    not_before: str
+    """ISO time before which the job is not retried."""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """The ``job_status`` JSON: the last iteration of a job, or the error that stopped it."""
+
+    iteration_id: str | None = None
+    kind: str | None = None
+    from_version: int | None = None
+    to_version: int | None = None
+    start_at: str | None = None
+    end_at: str | None = None
+    error_code: int = 0
+    error_msg: str = ""
+    resync: str = ""
+    consumers: tuple[ConsumerStatus, ...] = field(default_factory=tuple)
+    retry: RetryStatus | None = None
+
+    def to_json(self) -> str:
+        return canonical_json(asdict(self))
+
+    @classmethod
+    def failure(cls, code: int, message: str) -> JobStatus:
+        """The status of a job that failed outside an iteration (its source went away)."""
+        return cls(error_code=code, error_msg=message)
+
+
+EMPTY_STATUS = JobStatus().to_json()
