@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -86,6 +86,13 @@ class Command:
 
 def decode(record: LogRecord, max_bytes: int) -> Command:
     """Decode and validate one change log message, or raise InvalidMessageError."""
+    obj = _json_object(record, max_bytes)
+    op, request_id, key = _envelope(obj, record)
+    return _BODIES[op](obj, Command(op, request_id, key, record))
+
+
+def _json_object(record: LogRecord, max_bytes: int) -> dict[str, Any]:
+    """The message's value as a JSON object: bytes, size, UTF-8, JSON, object."""
     if record.value is None:
         raise InvalidMessageError("message has no value (a tombstone is not a change log entry)")
     if len(record.value) > max_bytes:
@@ -110,7 +117,11 @@ def decode(record: LogRecord, max_bytes: int) -> Command:
         raise InvalidMessageError(f"message is not valid JSON: {detail}") from None
     if not isinstance(obj, dict):
         raise InvalidMessageError(f"message must be a JSON object, got {type(obj).__name__}")
+    return obj
 
+
+def _envelope(obj: Mapping[str, Any], record: LogRecord) -> tuple[Operation, str, JobKey]:
+    """Version, operation, request id and job key, checked against the message key."""
     version = obj.get("version")
     if version != ENVELOPE_VERSION or isinstance(version, bool):
         raise InvalidMessageError(
@@ -145,20 +156,31 @@ def decode(record: LogRecord, max_bytes: int) -> Command:
             f"message key {shown!r} does not match the job key "
             f"{key.message_key.decode()!r}; one job's messages must share its key to stay ordered"
         )
+    return op, request_id, key
 
-    if op is Operation.REGISTER:
-        if "spec" not in obj:
-            raise InvalidSpecError("register message is missing field 'spec'")
-        return Command(op, request_id, key, record, spec=JobSpec.from_json(obj["spec"]))
-    if op is Operation.UPDATE_SPEC:
-        spec_update = obj.get("spec")
-        if not isinstance(spec_update, dict):
-            raise InvalidSpecError("update_spec message needs a 'spec' object (a partial spec)")
-        interrupt = obj.get("interrupt", False)
-        if not isinstance(interrupt, bool):
-            raise InvalidMessageError(f"interrupt must be true or false, got {interrupt!r}")
-        return Command(op, request_id, key, record, spec_update=spec_update, interrupt=interrupt)
-    return Command(op, request_id, key, record)
+
+def _register_body(obj: Mapping[str, Any], command: Command) -> Command:
+    if "spec" not in obj:
+        raise InvalidSpecError("register message is missing field 'spec'")
+    return replace(command, spec=JobSpec.from_json(obj["spec"]))
+
+
+def _update_body(obj: Mapping[str, Any], command: Command) -> Command:
+    spec_update = obj.get("spec")
+    if not isinstance(spec_update, dict):
+        raise InvalidSpecError("update_spec message needs a 'spec' object (a partial spec)")
+    interrupt = obj.get("interrupt", False)
+    if not isinstance(interrupt, bool):
+        raise InvalidMessageError(f"interrupt must be true or false, got {interrupt!r}")
+    return replace(command, spec_update=spec_update, interrupt=interrupt)
+
+
+_BODIES: dict[Operation, Callable[[Mapping[str, Any], Command], Command]] = {
+    Operation.REGISTER: _register_body,
+    Operation.UNREGISTER: lambda obj, command: command,
+    Operation.UPDATE_SPEC: _update_body,
+}
+"""The body of each operation, past the envelope."""
 
 
 def best_effort_request_id(value: bytes | None) -> str | None:

@@ -233,7 +233,7 @@ def _same_kind(default: Any, value: Any) -> bool:
     return True
 
 
-def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:  # noqa: C901, PLR0912 - one check per field kind
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:

@@ -101,7 +101,7 @@ def at(spark: SparkSession, path: str, version: int) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
-def test_every_version_of_every_sink_equals_the_batch_computation_at_its_source_version(
+def test_every_version_of_every_sink_equals_the_batch_computation_at_its_source_version(  # noqa: C901 - one workload, every sink, every version
     spark: SparkSession, app_config: AppConfig
 ) -> None:
     source = cdf_source(spark, app_config, "p", "src", SCHEMA)

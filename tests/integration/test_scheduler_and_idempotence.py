@@ -14,9 +14,15 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.replica import ReplicaConsumer
 from lakeprop.consumers.secondary_index import SecondaryIndexConsumer
-from lakeprop.engine.model import CancelToken, IterationResult
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    Member,
+    TableRef,
+)
 from lakeprop.engine.scheduler import Scheduler
-from lakeprop.engine.model import IterationKind, IterationPlan, Member, TableRef
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, latest_version

@@ -12,8 +12,8 @@ from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import SourceTableError, TemporaryError
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.catalog import CatalogRow, apply_commands, job_id_for
-from lakeprop.state.status import JobState
 from lakeprop.state.outcomes import Outcome, RecordedVerdict
+from lakeprop.state.status import JobState
 
 KEY = JobKey(1, "db", "t", "job")
 SPEC = JobSpec.from_json(

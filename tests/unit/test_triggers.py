@@ -150,3 +150,30 @@ def test_probe_from(jobs: list[JobView], expected: tuple[bool, int | None]) -> N
 
 def test_no_versions_no_plan() -> None:
     assert summary([job("a")], None) == []
+
+
+def test_a_new_trigger_kind_is_an_enum_value_and_a_planner() -> None:
+    """A toy kind, "laggard": only jobs at least 5 versions behind get a tail."""
+    from enum import Enum
+
+    from lakeprop.engine.triggers import PLANNERS, TableState
+
+    class ToyKind(str, Enum):
+        LAGGARD = "laggard"
+
+    def plan_laggard(state: TableState) -> list:
+        behind = state.behind(ToyKind.LAGGARD)  # type: ignore[arg-type]
+        return [
+            state.tail([j])
+            for j in behind
+            if j.watermark is not None and state.latest - j.watermark >= 5
+        ]
+
+    planners = {**PLANNERS, ToyKind.LAGGARD: plan_laggard}
+    jobs = [job("near", ToyKind.LAGGARD, watermark=8), job("far", ToyKind.LAGGARD, watermark=2)]  # type: ignore[arg-type]
+    plan = plan_table(T, jobs, 10, NOW, planners)  # type: ignore[arg-type]
+    assert [(p.kind, p.to_version, [m.ref for m in p.members]) for p in plan.iterations] == [
+        (IterationKind.TAIL, 10, ["far"])
+    ]
+    # without its planner the kind plans nothing (and breaks nothing)
+    assert plan_table(T, jobs, 10, NOW).iterations == []

@@ -6,9 +6,15 @@ import json
 from dataclasses import replace
 from datetime import datetime
 
-from lakeprop.engine.model import IterationResult, MemberResult
-from lakeprop.engine.model import IterationKind, IterationPlan, Member, TableRef
-from lakeprop.engine.model import Retry
+from lakeprop.engine.model import (
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    Member,
+    MemberResult,
+    Retry,
+    TableRef,
+)
 from lakeprop.engine.watermarks import advance
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobSpec

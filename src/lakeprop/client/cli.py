@@ -41,7 +41,7 @@ def _key(args: argparse.Namespace) -> JobKey:
     return JobKey(args.account, args.database, args.table, args.name)
 
 
-def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, Any]:
+def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, Any]:  # noqa: C901 - one branch per flag, read top to bottom
     if args.spec:
         text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
         spec: dict[str, Any] = json.loads(text)

@@ -155,7 +155,7 @@ class Tokenizer:
         return kept
 
 
-def validate_tokenizer(value: object) -> dict[str, Any]:
+def validate_tokenizer(value: object) -> dict[str, Any]:  # noqa: C901 - one check per option
     """The normalised ``tokenizer`` option, or a clear error."""
     if value is None:
         value = {}

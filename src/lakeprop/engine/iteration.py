@@ -82,30 +82,7 @@ def run_iteration(
     result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
     data: DataFrame | None = None
     try:
-        if plan.kind is IterationKind.TAIL:
-            try:
-                data = _read_changes(source, plan)
-                result.source_scans += 1
-                result.rows_read = int(data.count())
-            except Exception as exc:
-                if data is not None:
-                    data.unpersist()
-                    data = None
-                if token.cancelled or not _unreadable(exc):
-                    raise
-                result.kind = IterationKind.SNAPSHOT
-                result.resync_reason = (
-                    f"changes of versions {plan.from_version}..{plan.to_version} are no longer "
-                    f"readable, resynced from a snapshot: {str(exc).splitlines()[0][:300]}"
-                )
-                log.warning(
-                    "iteration %s on %s: %s", plan.iteration_id, plan.table, result.resync_reason
-                )
-        if result.kind is IterationKind.SNAPSHOT:
-            data = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
-            result.source_scans += 1
-            result.rows_read = int(data.count())
-        assert data is not None
+        data = _read(source, plan, result, token)
         fault_point("iteration.before_write")
         for i, job in enumerate(jobs):
             if i:
@@ -115,32 +92,74 @@ def run_iteration(
                 fault_point("iteration.snapshot")
         fault_point("iteration.after_writes")
     except Exception as exc:
-        code, message = _error(exc, token)
-        if not token.cancelled and not source.exists():
-            code, message = (
-                int(ErrorCode.SOURCE_NOT_DELTA),
-                f"source {source} no longer exists or is not a Delta table; re-register the job",
-            )
-        done = {m.job_id for m in result.members}
-        result.members += [
-            MemberResult(
-                j.member.ref,
-                j.member.job_id,
-                j.spec.iteration.consumer.type,
-                0,
-                code,
-                message,
-                j.spec.iteration.consumer.canonical(),
-            )
-            for j in jobs
-            if j.member.job_id not in done
-        ]
+        _fail_the_rest(result, jobs, source, exc, token)
     finally:
         if data is not None:
             data.unpersist()
         result.canceled = token.cancelled
         result.ended_at = time.time()
     return result
+
+
+def _read(
+    source: TableHandle, plan: IterationPlan, result: IterationResult, token: CancelToken
+) -> DataFrame:
+    """The persisted change set of a tail, or the table as of ``to_version`` for a
+    snapshot; a tail whose range is no longer readable becomes a snapshot (resync)."""
+    if plan.kind is IterationKind.TAIL:
+        data: DataFrame | None = None
+        try:
+            data = _read_changes(source, plan)
+            result.source_scans += 1
+            result.rows_read = int(data.count())
+            return data
+        except Exception as exc:
+            if data is not None:
+                data.unpersist()
+            if token.cancelled or not _unreadable(exc):
+                raise
+            result.kind = IterationKind.SNAPSHOT
+            result.resync_reason = (
+                f"changes of versions {plan.from_version}..{plan.to_version} are no longer "
+                f"readable, resynced from a snapshot: {str(exc).splitlines()[0][:300]}"
+            )
+            log.warning(
+                "iteration %s on %s: %s", plan.iteration_id, plan.table, result.resync_reason
+            )
+    snapshot = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
+    result.source_scans += 1
+    result.rows_read = int(snapshot.count())
+    return snapshot
+
+
+def _fail_the_rest(
+    result: IterationResult,
+    jobs: Sequence[MemberJob],
+    source: TableHandle,
+    exc: Exception,
+    token: CancelToken,
+) -> None:
+    """Members that did not run get the iteration's error (the source's, if it went)."""
+    code, message = _error(exc, token)
+    if not token.cancelled and not source.exists():
+        code, message = (
+            int(ErrorCode.SOURCE_NOT_DELTA),
+            f"source {source} no longer exists or is not a Delta table; re-register the job",
+        )
+    done = {m.job_id for m in result.members}
+    result.members += [
+        MemberResult(
+            j.member.ref,
+            j.member.job_id,
+            j.spec.iteration.consumer.type,
+            0,
+            code,
+            message,
+            j.spec.iteration.consumer.canonical(),
+        )
+        for j in jobs
+        if j.member.job_id not in done
+    ]
 
 
 def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:

@@ -153,6 +153,98 @@ def _verdict(cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> Verdict:
     )
 
 
+@dataclass
+class _Applying:
+    """The state of one :func:`apply_commands` call, shared by the operation handlers."""
+
+    by_key: dict[JobKey, list[CatalogRow]]
+    check: SourceCheck
+    result: ApplyResult = field(default_factory=ApplyResult)
+
+    def put(self, row: CatalogRow) -> None:
+        existing = [r for r in self.by_key.get(row.key, []) if r.job_id != row.job_id]
+        self.by_key[row.key] = [*existing, row]
+        self.result.upserts[row.row_id] = row
+
+    def verdict(self, cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> None:
+        self.result.verdicts.append(_verdict(cmd, outcome, detail, **kw))
+
+
+def _register(
+    ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
+) -> None:
+    assert cmd.spec is not None
+    if live is not None:
+        ctx.verdict(
+            cmd,
+            Outcome.ALREADY_EXISTS,
+            f"job {cmd.key} already exists (job id {live.job_id})",
+            job_id=live.job_id,
+        )
+        return
+    table_id = prior.table_id if prior and prior.table_id else ctx.check(cmd.key, cmd.spec)
+    new = CatalogRow(
+        account_id=cmd.key.account_id,
+        database=cmd.key.database,
+        table=cmd.key.table,
+        job_name=cmd.key.job_name,
+        job_id=job_id_for(cmd.record),
+        table_id=table_id,
+        job_spec=cmd.spec.canonical(),
+        job_state=JobState.COMPLETED,
+        watermark=None,
+        watermark_ts=None,
+        job_status=EMPTY_STATUS,
+        create_at=cmd.record.timestamp,
+        drop_at=None,
+        owner=None,
+        log_partition=cmd.record.partition,
+        log_offset=cmd.record.offset,
+    )
+    ctx.put(new)
+    ctx.verdict(cmd, Outcome.APPLIED, "registered", job_id=new.job_id, table_id=table_id)
+
+
+def _unregister(
+    ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
+) -> None:
+    assert live is not None
+    ctx.put(replace(live, drop_at=cmd.record.timestamp).touched_by(cmd.record))
+    ctx.result.cancel.add(live.row_id)
+    ctx.verdict(cmd, Outcome.APPLIED, "unregistered", job_id=live.job_id)
+
+
+def _update_spec(
+    ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
+) -> None:
+    assert live is not None and cmd.spec_update is not None
+    merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
+    if prior is None:
+        ctx.check(cmd.key, merged)
+    updated = replace(live, job_spec=merged.canonical())
+    if updated.consumer_spec() != live.consumer_spec():
+        updated = replace(updated, watermark=None, watermark_ts=None)
+        ctx.result.cancel.add(live.row_id)
+    if cmd.interrupt:
+        ctx.result.cancel.add(live.row_id)
+    if live.job_state == JobState.ERROR:
+        updated = replace(updated, job_state=JobState.COMPLETED)
+    ctx.put(updated.touched_by(cmd.record))
+    ctx.verdict(cmd, Outcome.APPLIED, "spec updated", job_id=live.job_id)
+
+
+_Handler = Callable[[_Applying, Command, "CatalogRow | None", "RecordedVerdict | None"], None]
+
+_HANDLERS: dict[Operation, _Handler] = {
+    Operation.REGISTER: _register,
+    Operation.UNREGISTER: _unregister,
+    Operation.UPDATE_SPEC: _update_spec,
+}
+"""How each operation changes the catalog."""
+
+_NEEDS_LIVE_JOB = frozenset({Operation.UNREGISTER, Operation.UPDATE_SPEC})
+
+
 def apply_commands(
     rows: Iterable[CatalogRow],
     commands: Sequence[Command],
@@ -176,83 +268,26 @@ def apply_commands(
     by_key: dict[JobKey, list[CatalogRow]] = {}
     for row in rows:
         by_key.setdefault(row.key, []).append(row)
-    result = ApplyResult()
-
-    def put(row: CatalogRow) -> None:
-        existing = [r for r in by_key.get(row.key, []) if r.job_id != row.job_id]
-        by_key[row.key] = [*existing, row]
-        result.upserts[row.row_id] = row
-
+    ctx = _Applying(by_key, check)
     ordered = sorted(commands, key=lambda c: (c.record.topic, c.record.partition, c.record.offset))
     for cmd in ordered:
         current = by_key.get(cmd.key, [])
-        if _already_applied(current, cmd.record):
-            continue
         prior = recorded.get((cmd.record.topic, cmd.record.partition, cmd.record.offset))
+        if _already_applied(current, cmd.record) or (
+            prior is not None and prior.outcome is not Outcome.APPLIED
+        ):
+            continue  # in the rows already, or its verdict is recorded and it changed nothing
         live = next((r for r in current if r.is_live), None)
-
-        def verdict(outcome: Outcome, detail: str, **kw: Any) -> None:
-            result.verdicts.append(_verdict(cmd, outcome, detail, **kw))  # noqa: B023
-
-        if prior is not None and prior.outcome is not Outcome.APPLIED:
-            continue  # its verdict is recorded and it changed nothing
+        if live is None and cmd.op in _NEEDS_LIVE_JOB:
+            ctx.verdict(cmd, Outcome.NOT_FOUND, f"no live job {cmd.key}")
+            continue
         try:
-            if cmd.op is Operation.REGISTER:
-                assert cmd.spec is not None
-                if live is not None:
-                    verdict(
-                        Outcome.ALREADY_EXISTS,
-                        f"job {cmd.key} already exists (job id {live.job_id})",
-                        job_id=live.job_id,
-                    )
-                    continue
-                table_id = prior.table_id if prior and prior.table_id else check(cmd.key, cmd.spec)
-                new = CatalogRow(
-                    account_id=cmd.key.account_id,
-                    database=cmd.key.database,
-                    table=cmd.key.table,
-                    job_name=cmd.key.job_name,
-                    job_id=job_id_for(cmd.record),
-                    table_id=table_id,
-                    job_spec=cmd.spec.canonical(),
-                    job_state=JobState.COMPLETED,
-                    watermark=None,
-                    watermark_ts=None,
-                    job_status=EMPTY_STATUS,
-                    create_at=cmd.record.timestamp,
-                    drop_at=None,
-                    owner=None,
-                    log_partition=cmd.record.partition,
-                    log_offset=cmd.record.offset,
-                )
-                put(new)
-                verdict(Outcome.APPLIED, "registered", job_id=new.job_id, table_id=table_id)
-            elif live is None:
-                verdict(Outcome.NOT_FOUND, f"no live job {cmd.key}")
-            elif cmd.op is Operation.UNREGISTER:
-                put(replace(live, drop_at=cmd.record.timestamp).touched_by(cmd.record))
-                result.cancel.add(live.row_id)
-                verdict(Outcome.APPLIED, "unregistered", job_id=live.job_id)
-            else:
-                assert cmd.spec_update is not None
-                merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
-                if prior is None:
-                    check(cmd.key, merged)
-                updated = replace(live, job_spec=merged.canonical())
-                if updated.consumer_spec() != live.consumer_spec():
-                    updated = replace(updated, watermark=None, watermark_ts=None)
-                    result.cancel.add(live.row_id)
-                if cmd.interrupt:
-                    result.cancel.add(live.row_id)
-                if live.job_state == JobState.ERROR:
-                    updated = replace(updated, job_state=JobState.COMPLETED)
-                put(updated.touched_by(cmd.record))
-                verdict(Outcome.APPLIED, "spec updated", job_id=live.job_id)
+            _HANDLERS[cmd.op](ctx, cmd, live, prior)
         except LakepropError as exc:
             if exc.is_temporary:
                 raise
-            verdict(Outcome.REJECTED, str(exc), error_code=exc.code)
-    return result
+            ctx.verdict(cmd, Outcome.REJECTED, str(exc), error_code=exc.code)
+    return ctx.result
 
 
 class JobCatalog:
