@@ -5,22 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop.changelog import LogRecord
-from lakeprop.client.api import Receipt
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
-from lakeprop.spec import JobKey, JobSpec
+from lakeprop.spec import JobKey
 from lakeprop.state import store as state
-from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow, job_id_for
-from lakeprop.state.status import EMPTY_STATUS, JobState
-from tests.conftest import assert_eventually
+from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
+from tests.support.waiting import assert_eventually
 
 
 def cli_settings(config: AppConfig) -> list[str]:
@@ -65,54 +61,8 @@ def catalog_df(spark: SparkSession, config: AppConfig) -> DataFrame:
     return table(spark, config, state.CATALOG_TABLE)
 
 
-def expected_row(
-    key: JobKey,
-    spec: JobSpec,
-    register: Receipt,
-    table_id: str,
-    *,
-    last: Receipt | None = None,
-    drop_at: datetime | None = None,
-) -> CatalogRow:
-    """The catalog row a register (and optionally a later message) should produce."""
-    last = last or register
-    record = LogRecord(
-        register.topic, register.partition, register.offset, register.timestamp, None, None
-    )
-    return CatalogRow(
-        account_id=key.account_id,
-        database=key.database,
-        table=key.table,
-        job_name=key.job_name,
-        job_id=job_id_for(record),
-        table_id=table_id,
-        job_spec=spec.canonical(),
-        job_state=JobState.COMPLETED,
-        watermark=None,
-        watermark_ts=None,
-        job_status=EMPTY_STATUS,
-        create_at=register.timestamp,
-        drop_at=drop_at,
-        owner=None,
-        log_partition=last.partition,
-        log_offset=last.offset,
-    )
-
-
 def rows_df(spark: SparkSession, rows: list[CatalogRow]) -> DataFrame:
     return spark.createDataFrame([r.as_tuple() for r in rows], CATALOG_SCHEMA)
-
-
-def replica_spec(**trigger: Any) -> JobSpec:
-    return JobSpec.from_json(
-        {
-            "trigger": trigger or {"kind": "default"},
-            "iteration": {
-                "priority": 1,
-                "consumer": {"type": "replica", "options": {"primary_key": ["id"]}},
-            },
-        }
-    )
 
 
 def snapshot(df: DataFrame) -> list[str]:

@@ -18,17 +18,16 @@ from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import BatchSummary
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.status import JobState
-from tests.conftest import assert_eventually
 from tests.integration.helpers import (
     catalog_df,
-    expected_row,
     make_source,
-    replica_spec,
     rows_df,
     run_once,
     snapshot,
     table,
 )
+from tests.support.specs import expected_row, replica_spec
+from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.dev.localkafka import free_port
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cli_settings, make_source, replica_spec, run_once
+from tests.integration.helpers import cli_settings, make_source, run_once
+from tests.support.specs import replica_spec
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,6 @@ from lakeprop.consumers import ConsumerType, consumer_type_names, register_consu
 from lakeprop.consumers.base import Consumer
 from lakeprop.errors import ErrorCode, PermanentError, TemporaryError
 from lakeprop.spec import JobKey
-from tests.conftest import assert_eventually
 from tests.integration.helpers import (
     SOURCE_SCHEMA,
     cdf_source,
@@ -30,6 +29,7 @@ from tests.integration.helpers import (
     ticks_pass,
     wait_for_watermark,
 )
+from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

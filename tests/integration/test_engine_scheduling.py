@@ -13,7 +13,6 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.spec import JobKey
-from tests.conftest import assert_eventually
 from tests.integration.helpers import (
     SOURCE_SCHEMA,
     catalog_df,
@@ -23,6 +22,7 @@ from tests.integration.helpers import (
     running,
     wait_for_watermark,
 )
+from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

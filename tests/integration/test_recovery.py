@@ -21,7 +21,6 @@ from lakeprop.errors import ErrorCode
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.lock import LEASE_FILE, CheckpointInUseError, CheckpointLock
 from lakeprop.spec import JobKey
-from tests.conftest import assert_eventually
 from tests.integration.helpers import (
     SOURCE_SCHEMA,
     catalog_df,
@@ -33,6 +32,7 @@ from tests.integration.helpers import (
     table,
     wait_for_watermark,
 )
+from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

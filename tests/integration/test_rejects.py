@@ -15,8 +15,8 @@ from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
 from lakeprop.state.outcomes import REJECTS_SCHEMA
-from tests.conftest import produce_raw
 from tests.integration.helpers import catalog_df, make_source, run_once, table
+from tests.support.kafka import produce_raw
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.errors import PermanentError, TemporaryError
 from lakeprop.spec import JobKey
-from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, cli_settings, replica_spec, running
+from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, cli_settings, running
+from tests.support.specs import replica_spec
 
 pytestmark = pytest.mark.integration
 

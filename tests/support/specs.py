@@ -1,0 +1,58 @@
+"""Builders of job specs and of the catalog rows they should produce."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from lakeprop.changelog import LogRecord
+from lakeprop.client.api import Receipt
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.catalog import CatalogRow, job_id_for
+from lakeprop.state.status import EMPTY_STATUS, JobState
+
+
+def replica_spec(**trigger: Any) -> JobSpec:
+    return JobSpec.from_json(
+        {
+            "trigger": trigger or {"kind": "default"},
+            "iteration": {
+                "priority": 1,
+                "consumer": {"type": "replica", "options": {"primary_key": ["id"]}},
+            },
+        }
+    )
+
+
+def expected_row(
+    key: JobKey,
+    spec: JobSpec,
+    register: Receipt,
+    table_id: str,
+    *,
+    last: Receipt | None = None,
+    drop_at: datetime | None = None,
+) -> CatalogRow:
+    """The catalog row a register (and optionally a later message) should produce."""
+    last = last or register
+    record = LogRecord(
+        register.topic, register.partition, register.offset, register.timestamp, None, None
+    )
+    return CatalogRow(
+        account_id=key.account_id,
+        database=key.database,
+        table=key.table,
+        job_name=key.job_name,
+        job_id=job_id_for(record),
+        table_id=table_id,
+        job_spec=spec.canonical(),
+        job_state=JobState.COMPLETED,
+        watermark=None,
+        watermark_ts=None,
+        job_status=EMPTY_STATUS,
+        create_at=register.timestamp,
+        drop_at=drop_at,
+        owner=None,
+        log_partition=last.partition,
+        log_offset=last.offset,
+    )
