@@ -27,6 +27,7 @@ from lakeprop.engine.model import (
     IterationResult,
     MemberJob,
     MemberResult,
+    source_gone,
 )
 from lakeprop.errors import ErrorCode, LakepropError
 from lakeprop.faults import fault_point
@@ -142,10 +143,7 @@ def _fail_the_rest(
     """Members that did not run get the iteration's error (the source's, if it went)."""
     code, message = _error(exc, token)
     if not token.cancelled and not source.exists():
-        code, message = (
-            int(ErrorCode.SOURCE_NOT_DELTA),
-            f"source {source} no longer exists or is not a Delta table; re-register the job",
-        )
+        code, message = int(ErrorCode.SOURCE_NOT_DELTA), source_gone(source)
     done = {m.job_id for m in result.members}
     result.members += [
         MemberResult(

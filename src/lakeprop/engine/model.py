@@ -176,6 +176,11 @@ class IterationResult:
         )
 
 
+def source_gone(source: object) -> str:
+    """The error of jobs whose source table went away (permanent: re-register)."""
+    return f"source {source} no longer exists or is not a Delta table; re-register the job"
+
+
 @dataclass(frozen=True)
 class Retry:
     """A job's retry after a temporary failure: how many so far, and not before when."""

@@ -81,6 +81,9 @@ class Scheduler:
         flight for trigger selection, whose catalog does not show their progress yet."""
         self._seq = itertools.count()
         self._closed = True
+        self._generation = 0
+        """Counts starts: a worker of an earlier start that outlived its shutdown
+        (its Spark job ignored the cancel) finishes its task and leaves."""
         self._threads: list[InheritableThread] = []
 
     def start(self) -> None:
@@ -89,9 +92,13 @@ class Scheduler:
             if not self._closed:
                 return
             self._closed = False
+            self._generation += 1
         self._threads = [
             InheritableThread(
-                target=self._work_loop, args=(i,), name=f"lakeprop-worker-{i}", daemon=True
+                target=self._work_loop,
+                args=(i, self._generation),
+                name=f"lakeprop-worker-{i}",
+                daemon=True,
             )
             for i in range(self.workers)
         ]
@@ -180,18 +187,19 @@ class Scheduler:
         self._running[task.plan.iteration_id] = task
         return task
 
-    def _work_loop(self, index: int) -> None:
+    def _work_loop(self, index: int, generation: int) -> None:
         session = self.spark.newSession()
         context = session.sparkContext
         context.setLocalProperty("spark.scheduler.pool", f"lakeprop-{index}")
         while True:
             with self._cond:
-                task = self._next()
+                task = None
                 while task is None:
-                    if self._closed:
+                    if self._closed or generation != self._generation:
                         return
-                    self._cond.wait()
                     task = self._next()
+                    if task is None:
+                        self._cond.wait()
             plan = task.plan
             context.setJobGroup(
                 plan.iteration_id,

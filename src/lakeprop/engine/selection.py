@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from pyspark.sql import SparkSession
 
-from lakeprop.engine.model import IterationPlan, Retry, TableRef
+from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
 from lakeprop.engine.triggers import JobView, is_eligible, plan_table, probe_from
 from lakeprop.errors import ErrorCode, SourceTableError
 from lakeprop.spec import JobRef, JobSpec
@@ -152,10 +152,7 @@ class TriggerSelection:
         """
         current = None if latest is None else self._table_id(table)
         if current is None:
-            message = (
-                f"source {table} no longer exists or is not a Delta table; re-register the job"
-            )
-            self._fail(views, rows, selected, ErrorCode.SOURCE_NOT_DELTA, message)
+            self._fail(views, rows, selected, ErrorCode.SOURCE_NOT_DELTA, source_gone(table))
             return []
         keep = [v for v in views if rows[v.ref].table_id == current]
         for view in views:

@@ -127,8 +127,8 @@ class CheckpointLock:
             self._hadoop = HadoopFiles(self.spark)
         return self._hadoop
 
-    def _lease_path(self) -> Any:
-        return self._files().path(f"{self.location}/{LEASE_FILE}")
+    def _lease_path(self) -> str:
+        return f"{self.location}/{LEASE_FILE}"
 
     def _read_lease(self) -> dict[str, Any]:
         return _parse(self._files().read_text(self._lease_path()) or "")

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from pyspark.sql import SparkSession
 
-from lakeprop.tables.hadoop import HadoopFiles
+from lakeprop.tables.hadoop import FilesFor
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
@@ -25,17 +24,19 @@ class DeltaLogProbe:
     """Reads Delta log metadata through the Hadoop file system of the session."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self.files = HadoopFiles(spark)
+        self.files_for = FilesFor(spark)
 
-    def _log(self, location: str, name: str | None = None) -> Any:
-        return self.files.path(location.rstrip("/") + "/_delta_log", *([name] if name else []))
+    @staticmethod
+    def _log(location: str, name: str | None = None) -> str:
+        log = location.rstrip("/") + "/_delta_log"
+        return log if name is None else f"{log}/{name}"
 
     @staticmethod
     def _commit(version: int) -> str:
         return f"{version:020d}.json"
 
     def _checkpoint_version(self, location: str) -> int | None:
-        line = next(self.files.lines(self._log(location, "_last_checkpoint")), None)
+        line = next(self.files_for(location).lines(self._log(location, "_last_checkpoint")), None)
         try:
             return int(json.loads(line)["version"]) if line else None
         except (ValueError, KeyError, TypeError):
@@ -43,7 +44,7 @@ class DeltaLogProbe:
 
     def has_version_after(self, location: str, version: int) -> bool:
         """True when the table has a commit later than ``version``."""
-        if self.files.exists(self._log(location, self._commit(version + 1))):
+        if self.files_for(location).exists(self._log(location, self._commit(version + 1))):
             return True
         checkpoint = self._checkpoint_version(location)
         return checkpoint is not None and checkpoint > version
@@ -54,7 +55,7 @@ class DeltaLogProbe:
         False means the table was dropped, or replaced by a younger one: a table
         never loses its latest commit file to log clean-up.
         """
-        if self.files.exists(self._log(location, self._commit(version))):
+        if self.files_for(location).exists(self._log(location, self._commit(version))):
             return True
         checkpoint = self._checkpoint_version(location)
         return checkpoint is not None and checkpoint >= version
@@ -62,7 +63,7 @@ class DeltaLogProbe:
     def table_id(self, location: str) -> str | None:
         """The table's identity from its first commit, or None when that file is gone
         (no table, or log clean-up removed it: ask Delta then)."""
-        for line in self.files.lines(self._log(location, self._commit(0))):
+        for line in self.files_for(location).lines(self._log(location, self._commit(0))):
             if '"metaData"' in line:
                 metadata = json.loads(line).get("metaData") or {}
                 return str(metadata["id"]) if "id" in metadata else None
@@ -70,7 +71,7 @@ class DeltaLogProbe:
 
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
-        names = self.files.names(self._log(location))
+        names = self.files_for(location).names(self._log(location))
         versions = [
             int(match.group(1))
             for match in (_COMMIT.match(n) or _CHECKPOINT.match(n) for n in names)
@@ -91,9 +92,9 @@ class DeltaLogProbe:
             return None
         for version in range(latest, max(-1, latest - lookback), -1):
             path = self._log(location, self._commit(version))
-            if not self.files.exists(path):
+            if not self.files_for(location).exists(path):
                 return None
-            for line in self.files.lines(path):
+            for line in self.files_for(location).lines(path):
                 if '"txn"' in line:
                     txn = json.loads(line).get("txn") or {}
                     if txn.get("appId") == app_id:
