@@ -11,10 +11,15 @@ as such. Missing files are never skipped.
 
 from __future__ import annotations
 
+import functools
 import logging
+import queue
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
+from pyspark import InheritableThread
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -75,22 +80,30 @@ def run_iteration(
     spark: SparkSession,
     plan: IterationPlan,
     jobs: Sequence[MemberJob],
-    source: TableHandle,
-    locate: Callable[[str, str], TableHandle],
+    tables: Tables,
     token: CancelToken,
+    fan_out: int = 1,
 ) -> IterationResult:
-    """Run one iteration in the calling (worker) thread with its own session."""
+    """Run one iteration in the calling (worker) thread with its own session.
+
+    The change set is read once and persisted; up to ``fan_out`` consumers then
+    read it at once, each in a session of its own (its Delta transaction confs
+    stay apart) and in the iteration's job group (threads inherit it), so that
+    cancelling the iteration reaches every consumer's Spark jobs.
+    """
     result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
+    source = tables.handle(plan.table.database, plan.table.table, spark)
     data: DataFrame | None = None
     try:
         data = _read(source, plan, result, token)
         fault_point("iteration.before_write")
-        for i, job in enumerate(jobs):
-            if i:
-                fault_point("iteration.between_consumers")
-            result.members.append(_consume(spark, result.kind, plan, job, data, locate, token))
-            if i == 0 and result.kind is IterationKind.SNAPSHOT:
-                fault_point("iteration.snapshot")
+        consume = functools.partial(
+            _consume, kind=result.kind, plan=plan, data=data, tables=tables, token=token
+        )
+        if fan_out > 1 and len(jobs) > 1:
+            _consume_concurrently(spark, jobs, consume, result, fan_out)
+        else:
+            _consume_in_turn(spark, jobs, consume, result)
         fault_point("iteration.after_writes")
     except Exception as exc:
         _fail_the_rest(result, jobs, source, exc, token)
@@ -99,7 +112,80 @@ def run_iteration(
             data.unpersist()
         result.canceled = token.cancelled
         result.ended_at = time.time()
+        result.spark_jobs = len(
+            spark.sparkContext.statusTracker().getJobIdsForGroup(plan.iteration_id)
+        )
     return result
+
+
+Consume = Callable[[SparkSession, MemberJob], MemberResult]
+
+
+def _consume_in_turn(
+    spark: SparkSession, jobs: Sequence[MemberJob], consume: Consume, result: IterationResult
+) -> None:
+    for i, job in enumerate(jobs):
+        if i:
+            fault_point("iteration.between_consumers")
+        result.members.append(consume(spark, job))
+        if i == 0 and result.kind is IterationKind.SNAPSHOT:
+            fault_point("iteration.snapshot")
+
+
+def _consume_concurrently(
+    spark: SparkSession,
+    jobs: Sequence[MemberJob],
+    consume: Consume,
+    result: IterationResult,
+    fan_out: int,
+) -> None:
+    """Members on up to ``fan_out`` threads; results in member order. The
+    ``iteration.between_consumers`` point fires once the first member has
+    written while another has not finished."""
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(jobs)):
+        todo.put(i)
+    finished: queue.Queue[int] = queue.Queue()
+    done: dict[int, MemberResult] = {}
+
+    def work(session: SparkSession) -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done[i] = consume(session, jobs[i])
+            finally:
+                finished.put(i)
+
+    threads = [
+        InheritableThread(target=work, args=(session,), name=f"lakeprop-consumer-{n}", daemon=True)
+        for n, session in enumerate(consumer_sessions(spark, min(fan_out, len(jobs))))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        finished.get()
+        if len(jobs) > 1:
+            fault_point("iteration.between_consumers")
+    finally:
+        for thread in threads:
+            thread.join()
+        result.members += [done[i] for i in sorted(done)]
+
+
+_SESSIONS: weakref.WeakKeyDictionary[SparkSession, list[SparkSession]] = weakref.WeakKeyDictionary()
+_SESSIONS_LOCK = threading.Lock()
+
+
+def consumer_sessions(spark: SparkSession, count: int) -> list[SparkSession]:
+    """``count`` sessions of the worker session ``spark``'s own, made once and reused."""
+    with _SESSIONS_LOCK:
+        sessions = _SESSIONS.setdefault(spark, [])
+        while len(sessions) < count:
+            sessions.append(spark.newSession())
+        return sessions[:count]
 
 
 def _read(
@@ -173,11 +259,12 @@ def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:
 
 def _consume(
     spark: SparkSession,
+    job: MemberJob,
+    *,
     kind: IterationKind,
     plan: IterationPlan,
-    job: MemberJob,
     data: DataFrame,
-    locate: Callable[[str, str], TableHandle],
+    tables: Tables,
     token: CancelToken,
 ) -> MemberResult:
     consumer_info = job.spec.iteration.consumer
@@ -199,7 +286,7 @@ def _consume(
         source_columns=tuple(
             c for c in data.columns if not c.startswith("_commit") and c != "_change_type"
         ),
-        locate=lambda database, table: locate(database, table),
+        locate=lambda database, table: tables.handle(database, table, spark),
         cancelled=lambda: token.cancelled,
     )
     try:
@@ -225,19 +312,11 @@ def _consume(
 
 
 def iteration_work(
-    plan: IterationPlan, jobs: Sequence[MemberJob], tables: Tables
+    plan: IterationPlan, jobs: Sequence[MemberJob], tables: Tables, fan_out: int = 1
 ) -> Callable[[SparkSession, CancelToken], IterationResult]:
     """The scheduler's work for ``plan``: run it with the worker's session."""
 
     def work(session: SparkSession, token: CancelToken) -> IterationResult:
-        source = tables.handle(plan.table.database, plan.table.table, session)
-        return run_iteration(
-            session,
-            plan,
-            jobs,
-            source,
-            lambda database, table: tables.handle(database, table, session),
-            token,
-        )
+        return run_iteration(session, plan, jobs, tables, token, fan_out)
 
     return work

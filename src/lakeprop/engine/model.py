@@ -123,6 +123,8 @@ class IterationResult:
     resync_reason: str = ""
     members: list[MemberResult] = field(default_factory=list)
     canceled: bool = False
+    spark_jobs: int = 0
+    """Spark jobs the iteration launched (its job group's)."""
 
     @property
     def outcome(self) -> str:
@@ -173,6 +175,7 @@ class IterationResult:
                 )
                 for m in self.members
             ],
+            spark_jobs=self.spark_jobs,
         )
 
 

@@ -276,7 +276,7 @@ class Runner:
         ]
         self.scheduler.submit(
             plan,
-            iteration_work(plan, jobs, self.tables),
+            iteration_work(plan, jobs, self.tables, self.engine.consumer_threads),
             {j.member.job_id: j.spec.iteration.consumer.type for j in jobs},
         )
         log.info(

@@ -59,6 +59,7 @@ HISTORY_SCHEMA = StructType(
         StructField("error_code", IntegerType(), False),
         StructField("error_msg", StringType(), False),
         StructField("members", ArrayType(MEMBER_SCHEMA, True), False),
+        StructField("spark_jobs", IntegerType(), True),
     ]
 )
 
@@ -99,6 +100,7 @@ class IterationRecord:
     error_code: int
     error_msg: str
     members: list[MemberRecord]
+    spark_jobs: int
 
     def as_tuple(self) -> tuple[Any, ...]:
         values = {f.name: getattr(self, f.name) for f in HISTORY_SCHEMA.fields}
@@ -118,9 +120,9 @@ class IterationHistory:
         """Append (a result is recorded once: after a crash it is gone, not replayed)."""
         rows = [r.as_tuple() for r in records]
         if rows:
-            self.spark.createDataFrame(rows, HISTORY_SCHEMA).write.format("delta").mode(
-                "append"
-            ).save(self.path)
+            frame = self.spark.createDataFrame(rows, HISTORY_SCHEMA)
+            # mergeSchema: a history table of an earlier release gains the new columns
+            frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
 
     def latest_success(self) -> dict[int, tuple[int, datetime]]:
         """Per job id: the highest version a successful member reached, and when."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
@@ -20,8 +21,16 @@ _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 
+@dataclass(frozen=True)
+class LogMetadata:
+    """A table's identity and columns, from the latest ``metaData`` action of its log."""
+
+    table_id: str
+    columns: tuple[str, ...]
+
+
 class DeltaLogProbe:
-    """Reads Delta log metadata through the Hadoop file system of the session."""
+    """Reads Delta log metadata by location (local paths directly, others through Hadoop)."""
 
     def __init__(self, spark: SparkSession) -> None:
         self.files_for = FilesFor(spark)
@@ -67,6 +76,29 @@ class DeltaLogProbe:
             if '"metaData"' in line:
                 metadata = json.loads(line).get("metaData") or {}
                 return str(metadata["id"]) if "id" in metadata else None
+        return None
+
+    def metadata(self, location: str) -> LogMetadata | None:
+        """Identity and columns of the table, from its JSON commits (no Spark job).
+
+        The newest commit with a ``metaData`` action wins. None when the log has
+        no JSON commit holding one after its last checkpoint (the metadata is in
+        the checkpoint's Parquet: ask Delta then) or when there is no log.
+        """
+        files = self.files_for(location)
+        names = files.names(self._log(location))
+        commits = sorted(
+            (int(m.group(1)) for m in map(_COMMIT.match, names) if m is not None), reverse=True
+        )
+        checkpoints = [int(m.group(1)) for m in map(_CHECKPOINT.match, names) if m is not None]
+        floor = max(checkpoints, default=-1)
+        for version in (v for v in commits if v > floor or (floor < 0 and v == 0)):
+            for line in files.lines(self._log(location, self._commit(version))):
+                if '"metaData"' in line:
+                    meta = json.loads(line)["metaData"]
+                    schema = json.loads(meta["schemaString"])
+                    columns = tuple(str(f["name"]) for f in schema["fields"])
+                    return LogMetadata(str(meta["id"]), columns)
         return None
 
     def latest_version(self, location: str) -> int | None:

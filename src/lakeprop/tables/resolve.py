@@ -22,6 +22,7 @@ from lakeprop.errors import ErrorCode, SourceTableError, TemporaryError
 from lakeprop.identifiers import qualified
 from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.tables.probe import DeltaLogProbe
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Tables:
         self.spark = spark
         self.config = config
         self._cache: dict[tuple[str, str], SourceInfo | SourceTableError] = {}
+        self.probe = DeltaLogProbe(spark)
 
     def path_for(self, database: str, table: str) -> str:
         qualified(database, table)  # validates both names before they reach a path
@@ -126,6 +128,10 @@ class Tables:
         if cached is not None:
             return cached
         try:
+            from_log = self._from_log(database, table)
+            if from_log is not None:
+                self._cache[(database, table)] = from_log
+                return from_log
             name, delta_table = self._delta_table(database, table)
             detail = delta_table.detail().select("id", "format").first()
             columns = tuple(delta_table.toDF().columns)
@@ -145,6 +151,20 @@ class Tables:
         info = SourceInfo(name=name, table_id=str(detail["id"]), columns=columns)
         self._cache[(database, table)] = info
         return info
+
+    def _from_log(self, database: str, table: str) -> SourceInfo | None:
+        """A path table described from its Delta log's JSON commits, without a Spark
+        job; None when only Delta can tell (metastore tables, metadata in a checkpoint)."""
+        if self.config.resolution != "path":
+            return None
+        path = self.path_for(database, table)
+        name = f"{database}.{table} ({path})"
+        if self.probe.latest_version(path) is None:
+            raise SourceTableError(f"source {name} does not exist or is not a Delta table")
+        metadata = self.probe.metadata(path)
+        if metadata is None:
+            return None
+        return SourceInfo(name=name, table_id=metadata.table_id, columns=metadata.columns)
 
     def check(self, key: JobKey, spec: JobSpec) -> str:
         """Validate a spec against its source (exists, is Delta, has the columns)."""
