@@ -18,13 +18,16 @@ unit: setup ## the fast unit tests only (no Spark, no broker)
 	$(VENV)/bin/pytest tests/unit -q
 
 lint: setup ## ruff and mypy
-	$(VENV)/bin/ruff check src tests jobs scripts
-	$(VENV)/bin/ruff format --check src tests jobs scripts
+	$(VENV)/bin/ruff check src tests jobs scripts bench
+	$(VENV)/bin/ruff format --check src tests jobs scripts bench
 	$(VENV)/bin/mypy
 
 format: setup ## apply ruff's formatting and import order
-	$(VENV)/bin/ruff check --fix src tests jobs scripts
-	$(VENV)/bin/ruff format src tests jobs scripts
+	$(VENV)/bin/ruff check --fix src tests jobs scripts bench
+	$(VENV)/bin/ruff format src tests jobs scripts bench
+
+bench: setup ## the benchmark suite, lakeprop beside its baseline (SIZE=smoke|default|full)
+	$(VENV)/bin/python -m bench.run --size $(or $(SIZE),default)
 
 chaos: setup ## the chaos harness: kill the service at every fault point, restart, check
 	scripts/chaos.sh
@@ -38,4 +41,4 @@ broker-stop: ## stop the local development broker
 clean-state: ## delete local state, checkpoint, warehouse and broker data (.lakeprop)
 	rm -rf .lakeprop
 
-.PHONY: help setup run test unit lint format chaos broker-start broker-stop clean-state
+.PHONY: help setup run test unit lint format bench chaos broker-start broker-stop clean-state

@@ -6,7 +6,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 VENV="${LAKEPROP_VENV:-$ROOT/.venv}"
-"$VENV/bin/ruff" check src tests jobs scripts
-"$VENV/bin/ruff" format --check src tests jobs scripts
+"$VENV/bin/ruff" check src tests jobs scripts bench
+"$VENV/bin/ruff" format --check src tests jobs scripts bench
 "$VENV/bin/mypy"
 exec "$VENV/bin/pytest" --durations=30 "$@"

@@ -153,6 +153,8 @@ class EngineConfig:
     """False: only apply the change log to the catalog (no iterations run)."""
     workers: int = 4
     """Iterations that run at once (one thread and FAIR pool each)."""
+    max_versions_per_iteration: int = 1000
+    """Chunked catch-up: a tail iteration covers at most this many source versions."""
     consumer_threads: int = 4
     """Consumers of one iteration that write at once (each on its own session)."""
     iteration_timeout: float = 3600.0
@@ -170,6 +172,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _positive(self.workers, "engine.workers")
         _positive(self.consumer_threads, "engine.consumer_threads")
+        _positive(self.max_versions_per_iteration, "engine.max_versions_per_iteration")
         _positive(self.max_query_restarts, "engine.max_query_restarts")
         for f in fields(self):
             if f.name in _DURATIONS:

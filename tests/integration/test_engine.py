@@ -167,3 +167,34 @@ def test_one_scan_is_shared_by_every_default_job_of_a_table(
     assert status["consumers"] == [
         {"type": "replica", "rows_written": 2, "error_code": 0, "error_msg": ""}
     ]
+
+
+def test_a_backlog_is_caught_up_in_bounded_iterations_and_ends_equal_to_the_source(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    from dataclasses import replace
+
+    path = cdf_source(spark, app_config, "shop", "backlog")  # version 0
+    config = replace(app_config, engine=replace(app_config.engine, max_versions_per_iteration=2))
+    key = JobKey(1, "shop", "backlog", "copy")
+    client = LakepropClient(config.kafka, config.state, spark)
+    client.register_job(key, replica(["id"], {"kind": "default"}))
+    with running(spark, config):
+        wait_for_watermark(spark, config, key, 0)
+        for step in commit_steps(spark, path) + commit_steps(spark, path)[1:]:
+            step()  # seven commits: versions 1..7
+        row = wait_for_watermark(spark, config, key, latest_version(spark, path))
+    assert row["watermark"] == 7
+    assert_df_equality(
+        target(spark, config, "shop", "backlog_copy"),
+        source_at(spark, path, 7, ["id", "name", "amount"]),
+        ignore_row_order=True,
+    )
+    tails = [
+        (r["from_version"], r["to_version"])
+        for r in history(spark, config).where("kind = 'tail'").orderBy("to_version").collect()
+    ]
+    # chained without gap or overlap, none longer than the bound
+    assert tails[0][0] == 0 and tails[-1][1] == 7
+    assert all(b[0] == a[1] for a, b in itertools.pairwise(tails))
+    assert all(0 < to - start <= 2 for start, to in tails)

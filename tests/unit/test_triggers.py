@@ -177,3 +177,14 @@ def test_a_new_trigger_kind_is_an_enum_value_and_a_planner() -> None:
     ]
     # without its planner the kind plans nothing (and breaks nothing)
     assert plan_table(T, jobs, 10, NOW).iterations == []
+
+
+def test_a_backlog_is_caught_up_in_bounded_tails() -> None:
+    jobs = [job("a", watermark=3), job("b", watermark=3), job("g", TriggerKind.GREEDY, watermark=1)]
+    plan = plan_table(T, jobs, 100, NOW, max_versions=10)
+    assert [(p.from_version, p.to_version) for p in plan.iterations] == [(1, 11), (3, 13)]
+    # one bound more and the group is level with the latest version: no bound reached
+    assert [p.to_version for p in plan_table(T, jobs, 12, NOW, max_versions=10).iterations] == [
+        11,
+        12,
+    ]

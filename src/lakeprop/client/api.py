@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -93,6 +93,10 @@ def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
     }
 
 
+Message = tuple[Operation, JobKey, dict[str, Any]]
+"""An operation on a job with the fields of its envelope (spec, interrupt)."""
+
+
 class LakepropClient:
     """Client of the change log (writes) and of the state tables (reads)."""
 
@@ -114,9 +118,20 @@ class LakepropClient:
 
     def register_job(self, key: JobKey, spec: JobSpec | Mapping[str, Any]) -> Receipt:
         """Ask the service to create a job; fails fast on a spec that cannot validate."""
-        body = spec.to_json() if isinstance(spec, JobSpec) else dict(spec)
-        JobSpec.from_json(body)
-        return self._send(Operation.REGISTER, key, spec=body)
+        (receipt,) = self.register_jobs([(key, spec)])
+        return receipt
+
+    def register_jobs(
+        self, jobs: Sequence[tuple[JobKey, JobSpec | Mapping[str, Any]]]
+    ) -> list[Receipt]:
+        """Register many jobs with one round of deliveries; every spec is checked first,
+        so a bad one sends nothing."""
+        messages = []
+        for key, spec in jobs:
+            body = spec.to_json() if isinstance(spec, JobSpec) else dict(spec)
+            JobSpec.from_json(body)
+            messages.append((Operation.REGISTER, key, {"spec": body}))
+        return self._send_all(messages)
 
     def unregister_job(self, key: JobKey) -> Receipt:
         return self._send(Operation.UNREGISTER, key)
@@ -130,39 +145,58 @@ class LakepropClient:
         return self._send(Operation.UPDATE_SPEC, key, spec=dict(spec), interrupt=interrupt)
 
     def _send(self, op: Operation, key: JobKey, **fields: Any) -> Receipt:
+        (receipt,) = self._send_all([(op, key, fields)])
+        return receipt
+
+    def _send_all(
+        self, messages: Sequence[tuple[Operation, JobKey, dict[str, Any]]]
+    ) -> list[Receipt]:
+        """Produce every message, wait for the broker once, and return their receipts in
+        order, or raise DeliveryError naming the first one that was not confirmed."""
         from confluent_kafka import Producer
 
         if self._producer is None:
             self._producer = Producer(producer_config(self.kafka))
-        request_id, message_key, value = encode(op, key, **fields)
-        delivered: list[Any] = []
-        self._producer.produce(
-            self.kafka.topic,
-            key=message_key,
-            value=value,
-            on_delivery=lambda err, msg: delivered.append((err, msg)),
-        )
+        delivered: dict[int, tuple[Any, Any]] = {}
+        request_ids = []
+        for i, (op, key, fields) in enumerate(messages):
+            request_id, message_key, value = encode(op, key, **fields)
+            request_ids.append(request_id)
+            self._producer.produce(
+                self.kafka.topic,
+                key=message_key,
+                value=value,
+                on_delivery=lambda err, msg, i=i: delivered.__setitem__(i, (err, msg)),
+            )
+            self._producer.poll(0)  # serve delivery callbacks, keep the queue short
         self._producer.flush(self.kafka.delivery_timeout + 5)
-        if not delivered:
-            raise DeliveryError(
-                f"{op.value} of {key} was not confirmed by {self.kafka.bootstrap_servers} "
-                f"within {self.kafka.delivery_timeout:.0f}s"
+        receipts = []
+        for i, (op, key, _) in enumerate(messages):
+            if i not in delivered:
+                raise DeliveryError(
+                    f"{op.value} of {key} was not confirmed by {self.kafka.bootstrap_servers} "
+                    f"within {self.kafka.delivery_timeout:.0f}s"
+                )
+            err, msg = delivered[i]
+            if err is not None:
+                raise DeliveryError(
+                    f"{op.value} of {key} was not delivered to {self.kafka.topic} on "
+                    f"{self.kafka.bootstrap_servers}: {err.str()}"
+                )
+            _, millis = msg.timestamp()
+            receipts.append(
+                Receipt(
+                    request_ids[i],
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    # exact to the millisecond, as Spark reads the same Kafka timestamp
+                    datetime.fromtimestamp(millis // 1000).replace(
+                        microsecond=millis % 1000 * 1000
+                    ),
+                )
             )
-        err, msg = delivered[0]
-        if err is not None:
-            raise DeliveryError(
-                f"{op.value} of {key} was not delivered to {self.kafka.topic} on "
-                f"{self.kafka.bootstrap_servers}: {err.str()}"
-            )
-        _, millis = msg.timestamp()
-        return Receipt(
-            request_id,
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
-            # exact to the millisecond, as Spark reads the same Kafka timestamp
-            datetime.fromtimestamp(millis // 1000).replace(microsecond=millis % 1000 * 1000),
-        )
+        return receipts
 
     def close(self) -> None:
         if self._producer is not None:

@@ -14,15 +14,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pyspark.sql import SparkSession
-
 from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
 from lakeprop.engine.triggers import JobView, is_eligible, plan_table, probe_from
 from lakeprop.errors import ErrorCode, SourceTableError
 from lakeprop.spec import JobRef, JobSpec
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.status import JobState, JobStatus
-from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import Tables
 
 log = logging.getLogger(__name__)
@@ -44,9 +41,10 @@ class Selected:
 class TriggerSelection:
     """Probes tables and plans iterations; keeps the specs and locations it parsed."""
 
-    def __init__(self, spark: SparkSession, tables: Tables) -> None:
+    def __init__(self, tables: Tables, max_versions: int | None = None) -> None:
         self.tables = tables
-        self.probe = DeltaLogProbe(spark)
+        self.probe = tables.probe
+        self.max_versions = max_versions
         self._specs: dict[JobRef, tuple[str, JobSpec]] = {}
         self._locations: dict[TableRef, str] = {}
 
@@ -126,7 +124,7 @@ class TriggerSelection:
         if latest is None or not views:
             return
         selected.changed_tables += 1
-        table_plan = plan_table(table, views, latest, now)
+        table_plan = plan_table(table, views, latest, now, max_versions=self.max_versions)
         selected.plans += table_plan.iterations
         selected.fresh += table_plan.fresh
 

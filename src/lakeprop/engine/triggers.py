@@ -95,12 +95,18 @@ class TableState:
     """Every live job of the table, eligible or not."""
     latest: int
     now: float
+    max_versions: int | None = None
+    """Chunked catch-up: a tail covers at most this many versions."""
 
     def tail(self, members: Sequence[JobView], to_version: int | None = None) -> IterationPlan:
+        to = self.latest if to_version is None else to_version
+        if self.max_versions is not None:
+            start = min(j.watermark for j in members if j.watermark is not None)
+            to = min(to, start + self.max_versions)
         return IterationPlan(
             table=self.table,
             kind=IterationKind.TAIL,
-            to_version=self.latest if to_version is None else to_version,
+            to_version=to,
             members=tuple(Member(j.ref, j.job_id, j.watermark) for j in members),
             priority=max(j.priority for j in members),
             planned_at=self.now,
@@ -199,11 +205,16 @@ def plan_table(
     latest: int | None,
     now: float,
     planners: Mapping[TriggerKind, Planner] = PLANNERS,
+    max_versions: int | None = None,
 ) -> TablePlan:
-    """The iterations due on one table, given its latest version (None: no versions)."""
+    """The iterations due on one table, given its latest version (None: no versions).
+
+    With ``max_versions`` a tail covers at most that many versions: a backlog
+    becomes several bounded iterations, each committed before the next.
+    """
     if latest is None:
         return TablePlan()
-    state = TableState(table, jobs, latest, now)
+    state = TableState(table, jobs, latest, now, max_versions)
     iterations = plan_snapshots(state)
     for planner in planners.values():
         iterations += planner(state)

@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from pyspark.sql import DataFrame, SparkSession
@@ -82,6 +83,22 @@ class BatchSummary:
         )
 
 
+@dataclass
+class BatchTimings:
+    """Seconds one micro-batch spent in each phase."""
+
+    batch_id: int
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.phases.values())
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v:.3f}s" for k, v in self.phases.items())
+        return f"{self.total:.3f}s ({parts})"
+
+
 @dataclass(frozen=True)
 class TickSummary:
     tables_probed: int
@@ -134,12 +151,14 @@ class Runner:
         self.scheduler = scheduler
         self.max_message_bytes = max_message_bytes
         self.clock = clock
-        self.selection = TriggerSelection(spark, tables)
+        self.selection = TriggerSelection(tables, engine.max_versions_per_iteration)
         self.housekeeping = Housekeeping(catalog, engine, clock)
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
         self.batches = 0
         """Micro-batches processed (ticks), for waiting on the service without sleeping."""
+        self.timings: deque[BatchTimings] = deque(maxlen=10_000)
+        """Phase timings of the latest micro-batches (benchmarks, metrics)."""
         self._busy = threading.Event()
 
     @property
@@ -149,24 +168,39 @@ class Runner:
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` callback."""
-        with self._processing(batch_id):
-            self.record_results()
-            self.apply_log(log_records(batch), batch_id)
-            if self.scheduler.started:
-                self.tick()
-            if self.catalog.commit_staged():
-                fault_point("catalog.written")
+        with self._processing(batch_id) as timed:
+            with timed("results"):
+                self.record_results()
+            with timed("log"):
+                self.apply_log(log_records(batch), batch_id)
+            with timed("selection"):
+                if self.scheduler.started:
+                    self.tick()
+            with timed("catalog"):
+                if self.catalog.commit_staged():
+                    fault_point("catalog.written")
             self.batches += 1
 
     @contextmanager
-    def _processing(self, batch_id: int) -> Iterator[None]:
+    def _processing(self, batch_id: int) -> Iterator[Callable[[str], AbstractContextManager[None]]]:
+        """Marks the runner busy and times the phases of one micro-batch."""
+        timings = BatchTimings(batch_id)
+
+        @contextmanager
+        def timed(phase: str) -> Iterator[None]:
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                timings.phases[phase] = time.perf_counter() - started
+
         self._busy.set()
-        started = time.monotonic()
         try:
-            yield
+            yield timed
         finally:
             self._busy.clear()
-            log.debug("batch %d took %.2fs", batch_id, time.monotonic() - started)
+            self.timings.append(timings)
+            log.debug("batch %d: %s", batch_id, timings)
 
     # -- 1. finished iterations ---------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""The benchmark suite: lakeprop and its baseline side by side, in one process."""

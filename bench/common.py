@@ -1,0 +1,138 @@
+"""What the benchmarks share: timing, percentiles, configs, tables and comparisons."""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
+from lakeprop.consumers.changes import latest_change_per_key
+
+SCHEMA = "id INT, name STRING, amount DOUBLE"
+
+
+@dataclass
+class Result:
+    """One benchmark's figures, printed as a table and kept as JSON."""
+
+    name: str
+    sizes: dict[str, Any]
+    figures: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    def show(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        lines = [f"## {self.name} ({sizes})"]
+        lines += [f"  {k}: {_fmt(v)}" for k, v in self.figures.items()]
+        lines += [f"  check {k}: {'ok' if v else 'FAILED'}" for k, v in self.checks.items()]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"name": self.name, "sizes": self.sizes, "figures": self.figures, "checks": self.checks}
+        )
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, by linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as t: ...`` then ``t[0]`` is the elapsed seconds."""
+    elapsed: list[float] = []
+    started = time.perf_counter()
+    try:
+        yield elapsed
+    finally:
+        elapsed.append(time.perf_counter() - started)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not reached within {timeout:.0f}s")
+        time.sleep(poll)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this (driver) Python process, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def app_config(workdir: Path, bootstrap_servers: str, **engine: Any) -> AppConfig:
+    return AppConfig(
+        kafka=KafkaConfig(
+            bootstrap_servers=bootstrap_servers,
+            topic=f"bench-{uuid.uuid4().hex[:8]}",
+            topic_partitions=2,
+        ),
+        state=StateConfig(
+            location=str(workdir / "state"), checkpoint_location=str(workdir / "checkpoint")
+        ),
+        tables=TablesConfig(resolution="path", warehouse=str(workdir / "warehouse")),
+        engine=EngineConfig(
+            **{"workers": 2, "retry_base": 0.5, "retry_max": 4.0, "iteration_timeout": 600.0}
+            | engine
+        ),
+        tick_interval=0.2,
+    )
+
+
+def cdf_table(spark: SparkSession, path: str, schema: str = SCHEMA) -> None:
+    (
+        DeltaTable.create(spark)
+        .location(path)
+        .addColumns(spark.createDataFrame([], schema).schema)
+        .property("delta.enableChangeDataFeed", "true")
+        .execute()
+    )
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    return int(DeltaTable.forPath(spark, path).history(1).first()["version"])
+
+
+def same_rows(left: DataFrame, right: DataFrame) -> bool:
+    """Whole-table equality (as multisets of rows), columns in the same order."""
+    right = right.select(*left.columns)
+    return left.exceptAll(right).isEmpty() and right.exceptAll(left).isEmpty()
+
+
+def diy_merge(spark: SparkSession, target: str, changes: DataFrame, key: str) -> None:
+    """The MERGE a Spark user writes into a replica by hand."""
+    latest = latest_change_per_key(changes, [key])
+    columns = [c for c in latest.columns if not c.startswith("_")]
+    (
+        DeltaTable.forPath(spark, target)
+        .alias("t")
+        .merge(latest.alias("s"), f"t.{key} = s.{key}")
+        .whenMatchedDelete(condition="s._change_type = 'delete'")
+        .whenMatchedUpdate(set={c: f"s.{c}" for c in columns})
+        .whenNotMatchedInsert(
+            condition="s._change_type != 'delete'", values={c: f"s.{c}" for c in columns}
+        )
+        .execute()
+    )

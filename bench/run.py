@@ -1,0 +1,99 @@
+"""Run the benchmark suite: ``python -m bench.run [NAME ...] [--size smoke|default|full]``.
+
+Each benchmark runs lakeprop and its baseline side by side in this one process
+(one Spark session, one local broker) and checks that both produced the same
+tables. Figures are printed and appended to ``.lakeprop/bench/results.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import catchup, fanout, registration, scale  # noqa: E402
+from bench.common import Result  # noqa: E402
+from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
+from tests.support.spark import local_session  # noqa: E402
+
+SIZES: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {
+        "scale": {"jobs": 50, "ticks": 3},
+        "registration": {"jobs": 50},
+        "fanout": {"k": 2, "rows": 100, "commits": 2, "changes": 30},
+        "catchup": {"rows": 1000, "repeats": 1},
+    },
+    "default": {
+        "scale": {"jobs": 1000, "ticks": 30},
+        "registration": {"jobs": 1000},
+        "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
+        "catchup": {"rows": 200_000, "repeats": 3},
+    },
+    "full": {
+        "scale": {"jobs": 10_000, "ticks": 30},
+        "registration": {"jobs": 10_000},
+        "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
+        "catchup": {"rows": 1_000_000, "repeats": 3},
+    },
+}
+
+BENCHMARKS: dict[str, Callable[..., Result]] = {
+    "scale": scale.run,
+    "registration": registration.run,
+    "fanout": fanout.run,
+    "catchup": catchup.run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"some of {sorted(BENCHMARKS)} (default: all)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="default")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME.PARAM=N",
+        help="override one size, e.g. scale.jobs=3000",
+    )
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}")
+    logging.basicConfig(level=logging.WARNING)
+    sizes = {name: dict(params) for name, params in SIZES[args.size].items()}
+    for item in args.set:
+        target, _, value = item.partition("=")
+        name, _, param = target.partition(".")
+        sizes[name][param] = int(value)
+    out = ROOT / ".lakeprop" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    spark = local_session("lakeprop-bench")
+    workdir = Path(tempfile.mkdtemp(prefix="lakeprop-bench-"))
+    broker = LocalKafka(workdir / "kafka").start()
+    failed = False
+    try:
+        for name in args.names or list(BENCHMARKS):
+            result = BENCHMARKS[name](
+                spark, workdir / name, broker.bootstrap_servers, **sizes[name]
+            )
+            print(result.show(), flush=True)
+            with open(out / "results.jsonl", "a") as handle:
+                handle.write(f'{{"at": {time.time():.0f}, "result": {result.to_json()}}}\n')
+            failed |= not all(result.checks.values())
+    finally:
+        broker.stop()
+        spark.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

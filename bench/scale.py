@@ -1,0 +1,149 @@
+"""Scale: N jobs on N/5 tables, 1 % of the tables changing per tick.
+
+What one tick costs the driver (the whole ``foreachBatch``), split into its
+phases, when most tables are idle. The jobs are synced (watermark at the
+table's version) and use a consumer that writes nothing, so the figure is the
+engine's own: selection, the change log, the catalog. Their iterations still
+run, in the workers, beside the ticks. The source tables are copies of one
+small Delta table (same schema and identity), made by copying its directory.
+
+The baseline is what the mission sets, not a DIY run: N streaming queries do
+not fit one driver at these sizes. The check: after the last tick every job's
+watermark equals its table's latest version, and no Spark job ran in the
+selection phase.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from bench.common import Result, app_config, cdf_table, peak_rss_mb, percentile
+from lakeprop.service.app import PropagationApp
+from lakeprop.service.runner import SELECTION_JOB_GROUP
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.status import EMPTY_STATUS, JobState
+from lakeprop.tables.probe import DeltaLogProbe
+
+SPEC = JobSpec.from_json(
+    {
+        "trigger": {"kind": "default"},
+        "iteration": {"consumer": {"type": "bench.consumers:NullConsumer"}},
+    }
+)
+BATCH_SCHEMA = (
+    "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
+    "timestamp TIMESTAMP, is_tick BOOLEAN"
+)
+
+
+def run(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap_servers: str,
+    jobs: int = 1000,
+    ticks: int = 30,
+    changing: float = 0.01,
+    seed: int = 1,
+) -> Result:
+    rng = random.Random(seed)
+    tables = max(1, jobs // 5)
+    config = app_config(workdir, bootstrap_servers)
+    warehouse = Path(config.tables.warehouse)
+    template = warehouse / "_template" / "t"
+    cdf_table(spark, str(template))
+    spark.createDataFrame([(0, "x", 0.0)], "id INT, name STRING, amount DOUBLE").write.format(
+        "delta"
+    ).mode("append").save(str(template))  # version 1
+    paths = [warehouse / "db" / f"t{i}" for i in range(tables)]
+    for path in paths:
+        shutil.copytree(template, path)
+    metadata = DeltaLogProbe(spark).metadata(str(template))
+    assert metadata is not None
+
+    app = PropagationApp(spark, config)
+    app.prepare()
+    now = datetime.now()
+    rows = {}
+    for j in range(jobs):
+        key = JobKey(1, "db", f"t{j % tables}", f"j{j}")
+        row = CatalogRow(
+            account_id=1,
+            database="db",
+            table=key.table,
+            job_name=key.job_name,
+            job_id=j + 1,
+            table_id=metadata.table_id,
+            job_spec=SPEC.canonical(),
+            job_state=JobState.COMPLETED,
+            watermark=1,
+            watermark_ts=now,
+            job_status=EMPTY_STATUS,
+            create_at=now,
+            drop_at=None,
+            owner=None,
+            log_partition=0,
+            log_offset=j,
+        )
+        rows[row.row_id] = row
+    app.catalog.commit(rows)  # set-up: N synced jobs in one write
+    app.scheduler.start()
+    runner = app.runner
+    empty = spark.createDataFrame([], BATCH_SCHEMA)
+    tracker = spark.sparkContext.statusTracker()
+    versions = {i: 1 for i in range(tables)}
+    try:
+        runner.process_batch(empty, 0)  # warm-up: parses every spec once
+        runner.timings.clear()
+        for tick in range(1, ticks + 1):
+            for i in rng.sample(range(tables), max(1, round(tables * changing))):
+                spark.createDataFrame(
+                    [(tick, f"t{tick}", float(tick))], "id INT, name STRING, amount DOUBLE"
+                ).write.format("delta").mode("append").save(str(paths[i]))
+                versions[i] += 1
+            runner.process_batch(empty, tick)
+        settle = ticks + 1
+        deadline = time.monotonic() + 600
+        while app.scheduler.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.2)
+            runner.process_batch(empty, settle)  # collects what finished
+            settle += 1
+        synced = all(r.watermark == versions[int(r.table[1:])] for r in app.catalog.rows())
+    finally:
+        app.shutdown()
+    timings = list(runner.timings)[:ticks]
+    totals = [t.total for t in timings]
+    phase = lambda name, q: percentile([t.phases.get(name, 0.0) for t in timings], q)  # noqa: E731
+    selection_jobs = len(tracker.getJobIdsForGroup(SELECTION_JOB_GROUP))
+    return Result(
+        "scale",
+        {
+            "jobs": jobs,
+            "tables": tables,
+            "changing_per_tick": max(1, round(tables * changing)),
+            "ticks": ticks,
+        },
+        {
+            "tick_p50_s": percentile(totals, 0.5),
+            "tick_p95_s": percentile(totals, 0.95),
+            "selection_p50_s": phase("selection", 0.5),
+            "selection_p95_s": phase("selection", 0.95),
+            "log_p50_s": phase("log", 0.5),
+            "catalog_p50_s": phase("catalog", 0.5),
+            "catalog_p95_s": phase("catalog", 0.95),
+            "results_p50_s": phase("results", 0.5),
+            "results_p95_s": phase("results", 0.95),
+            "spark_jobs_in_selection": selection_jobs,
+            "driver_peak_rss_mib": round(peak_rss_mb(), 1),
+        },
+        {
+            "every_watermark_at_its_tables_latest_version": synced,
+            "no_spark_job_in_selection": selection_jobs == 0,
+        },
+    )
