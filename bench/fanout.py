@@ -146,7 +146,7 @@ def _lakeprop(
             wait_until(lambda: at(final), 600, 0.02)
         assert latest_version(spark, path) == final
     finally:
-        query.stop()
+        app.stop_query(query)
         app.shutdown()
         client.close()
     return elapsed[0]
@@ -164,7 +164,7 @@ def _diy(
         queries.append(
             spark.readStream.format("delta")
             .option("readChangeFeed", "true")
-            .option("startingVersion", 2)
+            .option("startingVersion", "latest")  # changes after version 1
             .load(path)
             .writeStream.queryName(f"diy-{i}")
             .option("checkpointLocation", f"{workdir}/diy/checkpoint-{i}")
@@ -188,13 +188,18 @@ def _diy(
 def _reached(query: Any, version: int) -> bool:
     """True once the query has processed every change of ``version``."""
     progress = query.lastProgress
-    if not progress or not progress.get("sources"):
+    if not progress or not progress["sources"]:
         return False
-    offset = progress["sources"][0].get("endOffset")
+    offset = progress["sources"][0]["endOffset"]
     if isinstance(offset, str):
-        offset = json.loads(offset)
-    if not offset:
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return False
+    if not isinstance(offset, dict) or "reservoirVersion" not in offset:
         return False
-    reached = int(offset["reservoirVersion"])
-    # the offset after a whole version v is (v + 1, index -1)
-    return reached > version or (reached == version and int(offset.get("index", 0)) == -1 and False)
+    # After the last version v the offset rests at (v, index of its last file) once
+    # no data is left; while more versions follow it moves on to (v + 1, -1).
+    reached, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
+    idle = not query.status["isDataAvailable"] and not query.status["isTriggerActive"]
+    return reached > version or (reached == version and index >= 0 and idle)

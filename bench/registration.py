@@ -51,7 +51,7 @@ def run(spark: SparkSession, workdir: Path, bootstrap_servers: str, jobs: int = 
         with stopwatch() as applied:
             wait_until(lambda: len(app.catalog.rows()) >= jobs, 1800, 0.05)
     finally:
-        query.stop()
+        app.stop_query(query)
         app.shutdown()
     verdicts = (
         store.read_table(spark, config.state.table_path(store.REQUESTS_TABLE))

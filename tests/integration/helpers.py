@@ -37,8 +37,7 @@ def run_once(spark: SparkSession, config: AppConfig) -> PropagationApp:
     try:
         query.awaitTermination(180)
     finally:
-        if query.isActive:
-            query.stop()
+        app.stop_query(query)
         app.shutdown()
     assert query.exception() is None, query.exception()
     return app
@@ -84,8 +83,7 @@ def running(spark: SparkSession, config: AppConfig) -> Iterator[PropagationApp]:
         yield app
         assert query.exception() is None, query.exception()
     finally:
-        if query.isActive:
-            query.stop()
+        app.stop_query(query)
         app.shutdown()
 
 

@@ -285,7 +285,7 @@ def test_the_query_ticks_while_the_log_is_quiet(spark: SparkSession, app_config:
 
         assert_eventually(ticked_three_times, timeout=60)
     finally:
-        query.stop()
+        app.stop_query(query)
     assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
 
 

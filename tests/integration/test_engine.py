@@ -182,12 +182,13 @@ def test_a_backlog_is_caught_up_in_bounded_iterations_and_ends_equal_to_the_sour
     with running(spark, config):
         wait_for_watermark(spark, config, key, 0)
         for step in commit_steps(spark, path) + commit_steps(spark, path)[1:]:
-            step()  # seven commits: versions 1..7
-        row = wait_for_watermark(spark, config, key, latest_version(spark, path))
-    assert row["watermark"] == 7
+            step()  # six commits (the second delete finds nothing to delete)
+        final = latest_version(spark, path)
+        row = wait_for_watermark(spark, config, key, final)
+    assert (row["watermark"], final) == (6, 6)
     assert_df_equality(
         target(spark, config, "shop", "backlog_copy"),
-        source_at(spark, path, 7, ["id", "name", "amount"]),
+        source_at(spark, path, final, ["id", "name", "amount"]),
         ignore_row_order=True,
     )
     tails = [
@@ -195,6 +196,6 @@ def test_a_backlog_is_caught_up_in_bounded_iterations_and_ends_equal_to_the_sour
         for r in history(spark, config).where("kind = 'tail'").orderBy("to_version").collect()
     ]
     # chained without gap or overlap, none longer than the bound
-    assert tails[0][0] == 0 and tails[-1][1] == 7
+    assert tails[0][0] == 0 and tails[-1][1] == final
     assert all(b[0] == a[1] for a, b in itertools.pairwise(tails))
     assert all(0 < to - start <= 2 for start, to in tails)

@@ -94,8 +94,8 @@ class ConsumerContext:
     def idempotent(self, version: int) -> Iterator[None]:
         """Make the Delta MERGE/UPDATE/DELETE inside happen once per version.
 
-        The confs are per session, and every worker has its own session, so no
-        other thread sees them. They are unset on the way out.
+        The confs are per session, and every consumer runs on a session of its
+        own, so no other thread sees them. They are unset on the way out.
         """
         self.spark.conf.set(TXN_APP_ID, self.txn_app_id)
         self.spark.conf.set(TXN_VERSION, str(version))

@@ -79,26 +79,21 @@ class ReplicaConsumer(Consumer):
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         target = self.require_target()
-        latest = (
-            latest_change_per_key(changes, self.key).select(*self.columns, "_change_type").persist()
+        if changes.isEmpty():  # a cheap look at the engine's persisted change set
+            return 0
+        latest = latest_change_per_key(changes, self.key).select(*self.columns, "_change_type")
+        on = reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in self.key])
+        values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in self.columns}
+        deleted = F.col("s._change_type") == "delete"
+        merge = (
+            target.delta()
+            .alias("t")
+            .merge(latest.alias("s"), on)
+            .whenMatchedDelete(condition=deleted)
+            .whenMatchedUpdate(set=values)
+            .whenNotMatchedInsert(condition=~deleted, values=values)
         )
-        try:
-            written = int(latest.count())
-            if written == 0:
-                return 0
-            on = reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in self.key])
-            values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in self.columns}
-            deleted = F.col("s._change_type") == "delete"
-            with self.context.idempotent(to_version):
-                (
-                    target.delta()
-                    .alias("t")
-                    .merge(latest.alias("s"), on)
-                    .whenMatchedDelete(condition=deleted)
-                    .whenMatchedUpdate(set=values)
-                    .whenNotMatchedInsert(condition=~deleted, values=values)
-                    .execute()
-                )
-            return written
-        finally:
-            latest.unpersist()
+        with self.context.idempotent(to_version):
+            metrics = merge.execute().first()
+        # rows the MERGE inserted, updated or deleted (0 when Delta skipped a replay)
+        return 0 if metrics is None else int(metrics["num_affected_rows"])

@@ -22,7 +22,7 @@ from types import TracebackType
 
 from lakeprop.errors import BrokerError
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]  # src/lakeprop/dev/localkafka.py
 CLASSPATH_FILE = Path(
     os.environ.get("LAKEPROP_KAFKA_CLASSPATH", _REPO_ROOT / ".cache" / "kafka.classpath")
 )

@@ -95,6 +95,7 @@ class PropagationApp:
             self.lock.acquire()  # before any state is touched
             self._locked = True
         self.prepare()
+        self.runner.resume()
         if self.config.engine.enabled:
             self.scheduler.start()
         query = start_query(
@@ -167,18 +168,28 @@ class PropagationApp:
                 except StreamingQueryException:
                     break
         finally:
-            deadline = time.monotonic() + drain_seconds
-            while self.runner.busy and query.isActive and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if query.isActive:
-                log.info("stopping query %s", self.config.query_name)
-                query.stop()
+            self.stop_query(query, drain_seconds)
             self.shutdown()
         exception = query.exception()
         if exception is None:
             return None
         lines = str(exception).strip().splitlines()
         return lines[0][:500] if lines else type(exception).__name__
+
+    def stop_query(self, query: StreamingQuery, timeout: float = 120.0) -> None:
+        """Stop the query between micro-batches: the one in progress finishes first
+        (for at most ``timeout`` seconds, then the query is stopped regardless)."""
+        if not query.isActive:
+            return
+        log.info("stopping query %s", self.config.query_name)
+        with self.runner.halted(timeout) as between_batches:
+            if not between_batches:
+                log.warning(
+                    "a micro-batch still runs after %.0fs; stopping query %s regardless",
+                    timeout,
+                    self.config.query_name,
+                )
+            query.stop()
 
     def shutdown(self) -> None:
         """Cancel running iterations, record what finished, stop the workers, unlock.

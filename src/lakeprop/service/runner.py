@@ -39,7 +39,7 @@ from lakeprop.engine.model import IterationPlan, IterationResult, MemberJob, Ret
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.engine.selection import TriggerSelection
 from lakeprop.engine.watermarks import advance
-from lakeprop.errors import InvalidMessageError
+from lakeprop.errors import InvalidMessageError, TemporaryError
 from lakeprop.faults import fault_point
 from lakeprop.service.stream import log_records
 from lakeprop.spec import JobRef
@@ -81,6 +81,10 @@ class BatchSummary:
             f"{self.messages} message(s), {self.applied} applied, {self.rejected} rejected, "
             f"{self.unchanged} unchanged"
         )
+
+
+class ServiceHaltedError(TemporaryError):
+    """A micro-batch reached a runner that is stopping: it is replayed after a restart."""
 
 
 @dataclass
@@ -159,12 +163,29 @@ class Runner:
         """Micro-batches processed (ticks), for waiting on the service without sleeping."""
         self.timings: deque[BatchTimings] = deque(maxlen=10_000)
         """Phase timings of the latest micro-batches (benchmarks, metrics)."""
-        self._busy = threading.Event()
+        self._batch_lock = threading.Lock()
+        self._halted = False
 
-    @property
-    def busy(self) -> bool:
-        """True while a micro-batch is being processed."""
-        return self._busy.is_set()
+    @contextmanager
+    def halted(self, timeout: float) -> Iterator[bool]:
+        """Wait (up to ``timeout``) for the micro-batch in progress, then refuse new ones.
+
+        Yields whether it got in between micro-batches. Stopping the query inside
+        this block does not interrupt a micro-batch half way (a Delta commit cut
+        off by the interrupt). A batch that arrives meanwhile fails before doing
+        anything, so its offsets are not committed and a restart replays it.
+        :meth:`resume` lets batches in again.
+        """
+        self._halted = True
+        between = self._batch_lock.acquire(timeout=timeout)
+        try:
+            yield between
+        finally:
+            if between:
+                self._batch_lock.release()
+
+    def resume(self) -> None:
+        self._halted = False
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` callback."""
@@ -183,7 +204,7 @@ class Runner:
 
     @contextmanager
     def _processing(self, batch_id: int) -> Iterator[Callable[[str], AbstractContextManager[None]]]:
-        """Marks the runner busy and times the phases of one micro-batch."""
+        """Runs one micro-batch at a time (none while halted) and times its phases."""
         timings = BatchTimings(batch_id)
 
         @contextmanager
@@ -194,11 +215,15 @@ class Runner:
             finally:
                 timings.phases[phase] = time.perf_counter() - started
 
-        self._busy.set()
+        # Never wait here: a callback blocked in Python cannot be interrupted by
+        # query.stop(), which would then wait for it forever. Micro-batches of one
+        # query never overlap, so the lock is only ever taken by halted().
+        if self._halted or not self._batch_lock.acquire(blocking=False):
+            raise ServiceHaltedError(f"micro-batch {batch_id} arrived while the query stops")
         try:
             yield timed
         finally:
-            self._busy.clear()
+            self._batch_lock.release()
             self.timings.append(timings)
             log.debug("batch %d: %s", batch_id, timings)
 
