@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.config import AppConfig
-from lakeprop.consumers.aggregate_view import AggregateViewConsumer, validate_options
+from lakeprop.consumers.aggregate_view import AggregateViewConsumer
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
@@ -42,7 +42,7 @@ def consumer(spark: SparkSession, config: AppConfig) -> AggregateViewConsumer:
             key=JobKey(1, "x", "src", "ext"),
             job_id=3,
             consumer_type="aggregate_view",
-            options=validate_options(OPTIONS),
+            options=AggregateViewConsumer.validate_options(OPTIONS),
             source_columns=("g", "v"),
             locate=lambda d, t: tables.handle(d, t, session),
             cancelled=lambda: False,

@@ -17,7 +17,7 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.client.search import SearchError, SearchHit, search
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
-from lakeprop.consumers.fulltext_index import FulltextIndexConsumer, Tokenizer, validate_options
+from lakeprop.consumers.fulltext_index import FulltextIndexConsumer, Tokenizer
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import (
@@ -99,8 +99,10 @@ def test_the_index_follows_a_random_workload_exactly(
     live: set[int] = set()
     random_text_commits(spark, path, rng, live, 4)
     options = {
-        "plain": validate_options({"columns": ["title", "body"], "primary_key": ["id"]}),
-        "strict": validate_options(
+        "plain": FulltextIndexConsumer.validate_options(
+            {"columns": ["title", "body"], "primary_key": ["id"]}
+        ),
+        "strict": FulltextIndexConsumer.validate_options(
             {
                 "columns": ["body"],
                 "primary_key": ["id"],
@@ -145,7 +147,9 @@ def test_a_replayed_index_write_changes_nothing(spark: SparkSession, app_config:
     table.delete("id = 2")  # v3
     tables = Tables(spark, app_config.tables)
     session = spark.newSession()
-    options = validate_options({"columns": ["title", "body"], "primary_key": ["id"]})
+    options = FulltextIndexConsumer.validate_options(
+        {"columns": ["title", "body"], "primary_key": ["id"]}
+    )
     consumer = FulltextIndexConsumer(
         ConsumerContext(
             spark=session,
