@@ -119,7 +119,7 @@ class Consumer(ABC):
 
     def __init__(self, context: ConsumerContext) -> None:
         self.context = context
-        self._target: TableHandle | None = None
+        self.__target: TableHandle | None = None  # mangled: subclasses keep the name _target
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,11 +138,11 @@ class Consumer(ABC):
     @property
     def target(self) -> TableHandle:
         """The job's target table, bound to the worker's session."""
-        if self._target is None:
-            self._target = self.context.locate(
+        if self.__target is None:
+            self.__target = self.context.locate(
                 *target_table(self.context.key, self.context.options)
             )
-        return self._target
+        return self.__target
 
     def require_target(self) -> TableHandle:
         """The target, or a permanent error when it was dropped under the job."""

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 Work = Callable[[SparkSession, CancelToken], IterationResult]
 
+SHUTTING_DOWN = "service shutting down"
+
 
 @dataclass
 class _Task:
@@ -158,17 +160,22 @@ class Scheduler:
                 self._undrained.pop(result.plan.iteration_id, None)
                 results.append(result)
 
+    def cancel_all(self, reason: str) -> None:
+        """Cancel every queued and running iteration (their Spark jobs too)."""
+        with self._cond:
+            for task in self._queued:
+                task.token.cancel(reason)
+                self._done.put(_cancelled_result(task))
+            self._queued.clear()
+            for task in self._running.values():
+                self._stop(task, reason, ErrorCode.ITERATION_CANCELED)
+            self._cond.notify_all()
+
     def shutdown(self, timeout: float = 60.0) -> list[IterationResult]:
         """Cancel everything, wait for the workers, return what ended meanwhile."""
         with self._cond:
             self._closed = True
-            for task in self._queued:
-                task.token.cancel("service shutting down")
-                self._done.put(_cancelled_result(task))
-            self._queued.clear()
-            for task in self._running.values():
-                self._stop(task, "service shutting down", ErrorCode.ITERATION_CANCELED)
-            self._cond.notify_all()
+        self.cancel_all(SHUTTING_DOWN)
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))

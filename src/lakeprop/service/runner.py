@@ -36,7 +36,7 @@ from lakeprop.config import EngineConfig
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
 from lakeprop.engine.model import IterationPlan, IterationResult, MemberJob, Retry
-from lakeprop.engine.scheduler import Scheduler
+from lakeprop.engine.scheduler import SHUTTING_DOWN, Scheduler
 from lakeprop.engine.selection import TriggerSelection
 from lakeprop.engine.watermarks import advance
 from lakeprop.errors import InvalidMessageError, TemporaryError
@@ -168,7 +168,8 @@ class Runner:
 
     @contextmanager
     def halted(self, timeout: float) -> Iterator[bool]:
-        """Wait (up to ``timeout``) for the micro-batch in progress, then refuse new ones.
+        """Cancel the iterations, wait (up to ``timeout``) for the micro-batch in
+        progress, and refuse new ones.
 
         Yields whether it got in between micro-batches. Stopping the query inside
         this block does not interrupt a micro-batch half way (a Delta commit cut
@@ -177,6 +178,8 @@ class Runner:
         :meth:`resume` lets batches in again.
         """
         self._halted = True
+        # The micro-batch in progress may wait for cores that iterations hold.
+        self.scheduler.cancel_all(SHUTTING_DOWN)
         between = self._batch_lock.acquire(timeout=timeout)
         try:
             yield between
