@@ -5,18 +5,21 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop.changelog import LogRecord
+from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig
+from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import BatchSummary
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.catalog import JobCatalog, apply_commands
 from lakeprop.state.status import JobState
 from tests.integration.helpers import (
     catalog_df,
@@ -302,3 +305,54 @@ def test_state_tables_survive_a_deleted_checkpoint_without_duplicates(
     shutil.rmtree(app_config.state.checkpoint_location)
     run_once(spark, app_config)
     assert snapshot(catalog_df(spark, app_config)) == before
+
+
+def test_a_flush_or_gc_between_apply_and_commit_writes_no_part_of_the_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A batch drops a job and registers it again; the new job turns pending at once.
+    The flush and GC that run before the batch's commit must not persist the new
+    job without the drop (found by the chaos harness: a crash there left the old
+    job live and a replay took the drop as applied)."""
+    t0 = datetime(2026, 1, 1)
+
+    def record(offset: int) -> LogRecord:
+        return LogRecord("log", 0, offset, t0 + timedelta(seconds=offset), None, None)
+
+    spec = replica_spec()
+    path = str(tmp_path / "catalog")
+    catalog = JobCatalog(spark, path)
+    catalog.ensure()
+    first = apply_commands(
+        [], [Command(Operation.REGISTER, "r1", KEY, record(1), spec=spec)], lambda k, s: "t"
+    )
+    catalog.stage(first.upserts)
+    catalog.commit_staged()
+    durable = sorted(map(tuple, table_rows(spark, path)))
+
+    batch = apply_commands(
+        catalog.rows(),
+        [
+            Command(Operation.UNREGISTER, "r2", KEY, record(2)),
+            Command(Operation.REGISTER, "r3", KEY, record(3), spec=spec),
+        ],
+        lambda k, s: "t",
+    )
+    catalog.stage(batch.upserts)
+    new = next(r for r in batch.upserts.values() if r.drop_at is None)
+    catalog.remember([replace(new, job_state=JobState.PENDING)])  # its snapshot is queued
+    engine = EngineConfig(watermark_flush_interval=1.0, gc_interval=1.0, gc_retention=1.0)
+    collected = Housekeeping(catalog, engine, clock=lambda: 0.0).run(t0.timestamp() + 3600)
+    assert collected == []  # the drop is not written yet, so not collectable either
+    assert sorted(map(tuple, table_rows(spark, path))) == durable  # a crash here: all replayed
+
+    catalog.commit_staged()
+    reloaded = JobCatalog(spark, path)
+    reloaded.load()
+    assert sorted(
+        (r.job_id, r.drop_at is None, r.job_state, r.log_offset) for r in reloaded.rows()
+    ) == [(1, False, JobState.COMPLETED, 2), (3, True, JobState.PENDING, 3)]
+
+
+def table_rows(spark: SparkSession, path: str) -> list[object]:
+    return spark.read.format("delta").load(path).collect()

@@ -45,9 +45,7 @@ class Housekeeping:
     def collect_garbage(self, now: float) -> list[JobRef]:
         """Remove catalog rows of jobs dropped longer than the retention ago."""
         cutoff = datetime.fromtimestamp(now - self.engine.gc_retention)
-        doomed = [
-            r.row_id for r in self.catalog.rows() if r.drop_at is not None and r.drop_at < cutoff
-        ]
+        doomed = self.catalog.dropped_before(cutoff)
         if doomed:
             fault_point("gc.run")
         self.catalog.delete(doomed)

@@ -340,10 +340,28 @@ class JobCatalog:
             self._dirty.add(row.row_id)
 
     def flush(self) -> int:
-        """Write the rows changed only in memory."""
-        dirty = {rid: self._rows[rid] for rid in self._dirty if rid in self._rows}
+        """Write the rows changed only in memory.
+
+        A row also staged waits for :meth:`commit_staged`: the staged rows of a
+        batch are one prefix of the change log, and writing some of them early
+        would persist a later message without an earlier one (a replay then
+        takes the earlier one as applied).
+        """
+        dirty = {
+            rid: self._rows[rid]
+            for rid in self._dirty
+            if rid in self._rows and rid not in self._staged
+        }
         self.commit(dirty)
         return len(dirty)
+
+    def dropped_before(self, cutoff: datetime) -> list[JobRef]:
+        """Jobs whose drop is written and older than ``cutoff`` (a staged drop is not)."""
+        return [
+            r.row_id
+            for r in self._rows.values()
+            if r.drop_at is not None and r.drop_at < cutoff and r.row_id not in self._staged
+        ]
 
     def delete(self, row_ids: Iterable[JobRef]) -> None:
         """Remove rows (garbage collection of dropped jobs)."""
