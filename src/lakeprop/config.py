@@ -73,6 +73,9 @@ class KafkaConfig:
     options: Mapping[str, str] = field(default_factory=dict)
     """Extra Kafka client properties (security.protocol, sasl.*): used by both the
     Spark source (prefixed ``kafka.``) and the producer of the client."""
+    source_options: Mapping[str, str] = field(default_factory=dict)
+    """Options of the Spark Kafka source only, verbatim: ``fetchOffset.numRetries``,
+    ``kafka.default.api.timeout.ms`` (how long a broker outage takes to fail the query)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -260,7 +263,7 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:  # noqa: C901
                 raise InvalidConfigError(str(exc)) from None
         elif name == "packages":
             kwargs[name] = tuple(value)
-        elif name in ("conf", "options"):
+        elif name in ("conf", "options", "source_options"):
             if not isinstance(value, dict):
                 raise InvalidConfigError(f"{path} must be a table of strings")
             kwargs[name] = {str(k): str(v) for k, v in value.items()}

@@ -36,6 +36,8 @@ def changelog_source(spark: SparkSession, kafka: KafkaConfig) -> DataFrame:
     )
     for name, value in kafka.options.items():
         reader = reader.option(f"kafka.{name}", value)
+    for name, value in kafka.source_options.items():
+        reader = reader.option(name, value)
     return reader.load().select(
         "key", "value", "topic", "partition", "offset", "timestamp", F.lit(False).alias("is_tick")
     )
