@@ -56,7 +56,6 @@ CATALOG_SCHEMA = StructType(
         StructField("log_offset", LongType(), False),
     ]
 )
-CATALOG_KEYS = ("account_id", "database", "table", "job_name", "job_id")
 
 
 @dataclass(frozen=True)
@@ -294,7 +293,7 @@ class JobCatalog:
     """The catalog rows in memory, backed by a Delta table (the durable truth).
 
     Only the micro-batch thread changes it. Changes of one micro-batch are
-    staged in memory and written with one MERGE at its end
+    staged in memory and written with one commit at its end
     (:meth:`commit_staged`); if that write fails the query fails and a restart
     reloads the table. Changes that need not be durable at once (a fresh
     watermark time of an idle job) stay in memory until :meth:`flush`, as the
@@ -305,6 +304,8 @@ class JobCatalog:
         self.spark = spark
         self.path = path
         self._rows: dict[JobRef, CatalogRow] = {}
+        self._durable: dict[JobRef, CatalogRow] = {}
+        """The rows as the Delta table holds them."""
         self._dirty: set[JobRef] = set()
         self._staged: set[JobRef] = set()
 
@@ -315,6 +316,19 @@ class JobCatalog:
         """Read every row from Delta (at start-up; afterwards memory is kept in step)."""
         rows = state.read_table(self.spark, self.path).collect()
         self._rows = {r.row_id: r for r in map(CatalogRow.from_spark, rows)}
+        self._durable = dict(self._rows)
+
+    def _write(self, rows: Mapping[JobRef, CatalogRow]) -> None:
+        """Replace the table's content with ``rows`` in one commit.
+
+        The catalog is one row per job, kept whole in memory, and only this
+        service writes it: writing it whole is one Spark job, where a MERGE
+        first reads and joins the table (and rewrites the same file anyway).
+        """
+        state.overwrite(
+            self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in rows.values()]
+        )
+        self._durable = dict(rows)
 
     def rows(self) -> list[CatalogRow]:
         return list(self._rows.values())
@@ -368,9 +382,10 @@ class JobCatalog:
         doomed = [self._rows[rid] for rid in row_ids if rid in self._rows]
         if not doomed:
             return
-        state.delete(
-            self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in doomed], CATALOG_KEYS
-        )
+        remaining = dict(self._durable)
+        for row in doomed:
+            remaining.pop(row.row_id, None)
+        self._write(remaining)
         for row in doomed:
             self._rows.pop(row.row_id, None)
             self._dirty.discard(row.row_id)
@@ -380,12 +395,6 @@ class JobCatalog:
         """Write changed rows to Delta, then to memory (so a failed write changes neither)."""
         if not upserts:
             return
-        state.upsert(
-            self.spark,
-            self.path,
-            CATALOG_SCHEMA,
-            [r.as_tuple() for r in upserts.values()],
-            CATALOG_KEYS,
-        )
+        self._write({**self._durable, **upserts})
         self._rows.update(upserts)
         self._dirty.difference_update(upserts)

@@ -13,7 +13,7 @@ that a replayed micro-batch writes nothing new:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -121,10 +121,31 @@ class OutcomeTables:
         self.spark = spark
         self.requests_path = requests_path
         self.rejects_path = rejects_path
+        self._highest: dict[tuple[str, int], int] | None = None
+        """Per topic partition, the highest offset with a verdict written: a message
+        above it cannot have one, so its batch is no replay (None: read it first)."""
 
     def ensure(self) -> None:
         state.ensure_table(self.spark, self.requests_path, REQUESTS_SCHEMA)
         state.ensure_table(self.spark, self.rejects_path, REJECTS_SCHEMA)
+
+    def load(self) -> None:
+        """Learn the highest offset with a verdict per partition (at every start)."""
+        written = (
+            state.read_table(self.spark, self.requests_path)
+            .select(*COORDINATE_KEYS)
+            .unionByName(state.read_table(self.spark, self.rejects_path).select(*COORDINATE_KEYS))
+            .groupBy("topic", "partition")
+            .agg(F.max("offset").alias("offset"))
+            .collect()
+        )
+        self._highest = {(r["topic"], r["partition"]): r["offset"] for r in written}
+
+    def _all_new(self, coordinates: Iterable[Coordinates]) -> bool:
+        if self._highest is None:
+            self.load()
+        assert self._highest is not None
+        return all(offset > self._highest.get((t, p), -1) for t, p, offset in coordinates)
 
     def record(self, verdicts: Sequence[Verdict], batch_id: int) -> None:
         """Write the verdicts of one micro-batch (idempotent)."""
@@ -162,12 +183,29 @@ class OutcomeTables:
             for v in verdicts
             if v.outcome is Outcome.REJECTED
         ]
-        state.insert_new(self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS)
-        state.insert_new(self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS)
+        coordinates = [v.coordinates for v in verdicts]
+        try:
+            if self._all_new(coordinates):  # the usual case: one append per table, no read
+                state.append(self.spark, self.rejects_path, REJECTS_SCHEMA, rejects)
+                state.append(self.spark, self.requests_path, REQUESTS_SCHEMA, requests)
+            else:  # a replay: keep the verdicts written the first time
+                state.insert_new(
+                    self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS
+                )
+                state.insert_new(
+                    self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS
+                )
+        except BaseException:
+            self._highest = None  # a write may have landed: read again before the next
+            raise
+        assert self._highest is not None
+        for topic, partition, offset in coordinates:
+            key = (topic, partition)
+            self._highest[key] = max(offset, self._highest.get(key, -1))
 
     def recorded(self, records: Sequence[LogRecord]) -> Mapping[Coordinates, RecordedVerdict]:
         """Verdicts already recorded for these messages (non-empty only on replay)."""
-        if not records:
+        if not records or self._all_new((r.topic, r.partition, r.offset) for r in records):
             return {}
         ranges: dict[tuple[str, int], tuple[int, int]] = {}
         for r in records:

@@ -1,8 +1,10 @@
 """The service's own Delta tables: where they live and how they are written.
 
 All state is plain Delta tables under ``state.location`` so that a notebook can
-open them by path. Writes are MERGEs keyed by natural keys, which makes every
-write of this module idempotent: writing the same rows twice changes nothing.
+open them by path. Every write is one Delta commit and idempotent: the catalog
+is written whole (:func:`overwrite`), verdicts are appended when their messages
+are new and otherwise inserted only where their key is missing
+(:func:`insert_new`), so writing the same rows twice changes nothing.
 """
 
 from __future__ import annotations
@@ -52,21 +54,24 @@ def _merge(
     clauses(builder).execute()
 
 
-def upsert(
-    spark: SparkSession,
-    path: str,
-    schema: StructType,
-    rows: Sequence[Sequence[Any]],
-    keys: Sequence[str],
+def append(
+    spark: SparkSession, path: str, schema: StructType, rows: Sequence[Sequence[Any]]
 ) -> None:
-    """Insert new rows and overwrite existing ones with the same key."""
-    _merge(
-        spark,
-        path,
-        schema,
-        rows,
-        keys,
-        lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(),
+    """Append rows (one Delta commit, no read of the table): for rows known to be new."""
+    if rows:
+        spark.createDataFrame(list(rows), schema).write.format("delta").mode("append").save(path)
+
+
+def overwrite(
+    spark: SparkSession, path: str, schema: StructType, rows: Sequence[Sequence[Any]]
+) -> None:
+    """Replace the table's content with ``rows`` (one Delta commit, no read of the table)."""
+    (
+        spark.createDataFrame(list(rows), schema)
+        .coalesce(1)
+        .write.format("delta")
+        .mode("overwrite")
+        .save(path)
     )
 
 
@@ -79,14 +84,3 @@ def insert_new(
 ) -> None:
     """Insert rows whose key is not in the table yet; existing rows stay as they are."""
     _merge(spark, path, schema, rows, keys, lambda m: m.whenNotMatchedInsertAll())
-
-
-def delete(
-    spark: SparkSession,
-    path: str,
-    schema: StructType,
-    rows: Sequence[Sequence[Any]],
-    keys: Sequence[str],
-) -> None:
-    """Delete the rows with these keys."""
-    _merge(spark, path, schema, rows, keys, lambda m: m.whenMatchedDelete())
