@@ -16,7 +16,7 @@ from enum import Enum
 
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey, JobRef, JobSpec
-from lakeprop.state.history import IterationRecord, MemberRecord
+from lakeprop.state.history import IterationRecord, MemberRecord, consumer_digest
 
 
 class IterationKind(str, Enum):
@@ -172,6 +172,7 @@ class IterationResult:
                     rows_written=m.rows_written,
                     error_code=m.error_code,
                     error_msg=m.error_msg[:2000],
+                    consumer_digest=consumer_digest(m.consumer_spec) if m.consumer_spec else None,
                 )
                 for m in self.members
             ],

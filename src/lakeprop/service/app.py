@@ -19,7 +19,7 @@ from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.runner import Runner
 from lakeprop.service.stream import start_query
 from lakeprop.state.catalog import JobCatalog
-from lakeprop.state.history import IterationHistory
+from lakeprop.state.history import IterationHistory, consumer_digest
 from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.status import JobState
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
@@ -64,6 +64,7 @@ class PropagationApp:
         self.outcomes.ensure()
         self.history.ensure()
         self.catalog.load()
+        self.outcomes.load()
         self.roll_forward()
 
     def roll_forward(self) -> int:
@@ -76,7 +77,11 @@ class PropagationApp:
         reached = self.history.latest_success()
         rows = {}
         for row in self.catalog.rows():
-            done = reached.get(row.job_id)
+            # only what the job's current consumer reached: after a consumer change
+            # the old consumer's progress is not the new one's (it starts from a snapshot)
+            done = reached.get((row.job_id, consumer_digest(row.consumer_spec()))) or reached.get(
+                (row.job_id, None)
+            )
             if row.is_live and done and (row.watermark is None or done[0] > row.watermark):
                 rows[row.row_id] = replace(
                     row, watermark=done[0], watermark_ts=done[1], job_state=JobState.COMPLETED

@@ -9,6 +9,7 @@ a gap nor an overlap in its version ranges.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +39,7 @@ MEMBER_SCHEMA = StructType(
         StructField("rows_written", LongType(), True),
         StructField("error_code", IntegerType(), True),
         StructField("error_msg", StringType(), True),
+        StructField("consumer_digest", StringType(), True),
     ]
 )
 
@@ -75,9 +77,16 @@ class MemberRecord:
     rows_written: int
     error_code: int
     error_msg: str
+    consumer_digest: str | None = None
+    """:func:`consumer_digest` of the consumer spec the member ran with."""
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f.name) for f in MEMBER_SCHEMA.fields)
+
+
+def consumer_digest(consumer_spec: str) -> str:
+    """A short fingerprint of a canonical consumer spec."""
+    return hashlib.sha256(consumer_spec.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -124,14 +133,24 @@ class IterationHistory:
             # mergeSchema: a history table of an earlier release gains the new columns
             frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
 
-    def latest_success(self) -> dict[int, tuple[int, datetime]]:
-        """Per job id: the highest version a successful member reached, and when."""
+    def latest_success(self) -> dict[tuple[int, str | None], tuple[int, datetime]]:
+        """Per job id and consumer digest: the highest version a successful member
+        reached, and when (the digest is None in rows of releases without it)."""
+        members = state.read_table(self.spark, self.path).select(
+            "to_version", "ended_at", F.explode("members").alias("m")
+        )
+        digest = (
+            F.col("m.consumer_digest")
+            if "consumer_digest" in members.schema["m"].dataType.fieldNames()  # type: ignore[attr-defined]
+            else F.lit(None).cast("string")
+        )
         rows = (
-            state.read_table(self.spark, self.path)
-            .select("to_version", "ended_at", F.explode("members").alias("m"))
-            .where(F.col("m.error_code") == 0)
-            .groupBy(F.col("m.job_id").alias("job_id"))
+            members.where(F.col("m.error_code") == 0)
+            .groupBy(F.col("m.job_id").alias("job_id"), digest.alias("digest"))
             .agg(F.max(F.struct("to_version", "ended_at")).alias("last"))
             .collect()
         )
-        return {r["job_id"]: (r["last"]["to_version"], r["last"]["ended_at"]) for r in rows}
+        return {
+            (r["job_id"], r["digest"]): (r["last"]["to_version"], r["last"]["ended_at"])
+            for r in rows
+        }
