@@ -104,6 +104,11 @@ class ChaosSettings:
     """Random kills come this many seconds after the service is ready."""
     catch_up_timeout: float = 300.0
     step_pause: float = 0.3
+    step_every: float = 1.5
+    """While waiting for a point to fire or the service to recover, one random
+    step this often (back to back they would starve the service of its cores)."""
+    max_extra_jobs: int = 4
+    """Live jobs besides the four base jobs: a register beyond this drops one first."""
 
     def mode(self, point: str | None) -> Mode:
         return "kill" if point is None or self.kill_everywhere or point in KILL_POINTS else "raise"
@@ -219,6 +224,7 @@ class Chaos:
         self.live_rows: dict[str, set[int]] = {t: set() for t in TABLES}
         self.next_id = 1
         self.snapshots = 0
+        self._next_step = 0.0
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -365,8 +371,10 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
     def job_step(self) -> None:
         rng = self.rng
         # the base jobs stay, on the default trigger: they keep sharing iterations
-        live = sorted((k for k in self.specs if not k.job_name.endswith("_base")), key=str)
+        live = self.extra_jobs()
         action = rng.choice(["register", "register", "update", "update", "unregister"])
+        if action == "register" and len(live) >= self.settings.max_extra_jobs:
+            action = "unregister"
         if action == "update" and (not live or rng.random() < 0.3):
             key = rng.choice(sorted(self.specs, key=str))
             update: dict[str, Any] = {"iteration": {"priority": rng.randint(0, 9)}}
@@ -388,10 +396,16 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
             self.send(self.client.update_job_spec(key, update))
             self.specs[key] = JobSpec.from_json(merge_spec(self.specs[key], update)).to_json()
         else:
-            key = rng.choice(live)
-            self.send(self.client.unregister_job(key))
-            del self.specs[key]
-            del self.job_ids[key]
+            self.unregister(rng.choice(live))
+
+    def extra_jobs(self) -> list[JobKey]:
+        """The live jobs the workload registered (the base jobs stay)."""
+        return sorted((k for k in self.specs if not k.job_name.endswith("_base")), key=str)
+
+    def unregister(self, key: JobKey) -> None:
+        self.send(self.client.unregister_job(key))
+        del self.specs[key]
+        del self.job_ids[key]
 
     def step(self) -> None:
         if self.rng.random() < 0.7:
@@ -415,6 +429,9 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
 
     def register_new(self) -> None:
         """A new job: its initial snapshot is an iteration of its own."""
+        live = self.extra_jobs()
+        if len(live) >= self.settings.max_extra_jobs:
+            self.unregister(self.rng.choice(live))
         self.snapshots += 1
         kind = self.rng.choice(["replica", "secondary_index", "fulltext_index", "aggregate_view"])
         key = JobKey(1, "chaos", self.rng.choice(TABLES), f"snap{self.snapshots}")
@@ -422,14 +439,11 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
 
     def drop_one(self) -> None:
         """A dropped job, for garbage collection once the retention has passed."""
-        live = sorted((k for k in self.specs if not k.job_name.endswith("_base")), key=str)
+        live = self.extra_jobs()
         if not live:
             self.register_new()
             live = [k for k in self.specs if k.job_name == f"snap{self.snapshots}"]
-        key = self.rng.choice(live)
-        self.send(self.client.unregister_job(key))
-        del self.specs[key]
-        del self.job_ids[key]
+        self.unregister(self.rng.choice(live))
 
     def driver(self, point: str | None) -> Callable[[], None]:
         drivers: dict[str, Callable[[], None]] = {
@@ -493,8 +507,16 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
                 act()
                 next_drive = time.monotonic() + self.settings.redrive_every
             else:
-                self.step()
+                self.paced_step()
         return fired()
+
+    def paced_step(self) -> None:
+        """A random step if ``step_every`` has passed since the last one, else a short wait."""
+        if time.monotonic() >= self._next_step:
+            self.step()
+            self._next_step = time.monotonic() + self.settings.step_every
+        else:
+            time.sleep(0.2)
 
     def wait_ready(self, ready: Callable[[], bool], down: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + self.settings.ready_timeout
@@ -580,7 +602,7 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         while time.monotonic() < deadline and service.alive:
             if self.client.request_outcome(receipt.request_id) is not None:
                 return
-            self.step()
+            self.paced_step()
         self.report.differences.append(
             f"the service did not apply the change log within {self.settings.recover_timeout:.0f}s "
             f"after the fault (alive: {service.alive}, error: {service.error!r})"
