@@ -59,13 +59,14 @@ from pyspark.sql import functions as F
 
 from lakeprop import faults
 from lakeprop.changelog import LogRecord
-from lakeprop.client.api import LakepropClient, Receipt
+from lakeprop.client.api import LakepropClient, Receipt, TableWatch
 from lakeprop.config import AppConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.catalog import job_id_for
+from lakeprop.tables.probe import DeltaLogProbe
 
 log = logging.getLogger("chaos")
 
@@ -216,6 +217,7 @@ class Chaos:
         self.state = StateConfig(str(workdir / "state"), str(workdir / "checkpoint"))
         self.warehouse = workdir / "warehouse"
         self.client = LakepropClient(self.kafka, self.state, spark)
+        self.probe = DeltaLogProbe(spark)
         self.report = Report()
         # the model: what the change log implies
         self.specs: dict[JobKey, dict[str, Any]] = {}
@@ -265,6 +267,8 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
 "spark.scheduler.mode" = "FAIR"
 "spark.sql.session.timeZone" = "UTC"
 "spark.databricks.delta.snapshotPartitions" = "2"
+"spark.sql.codegen.wholeStage" = "false"
+"spark.sql.codegen.factoryMode" = "NO_CODEGEN"
 """
         )
         return path
@@ -599,8 +603,9 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         self.update_some_job()
         receipt = self.receipts[-1]
         deadline = time.monotonic() + self.settings.recover_timeout
+        requests = TableWatch(self.spark, self.state.table_path(state.REQUESTS_TABLE))
         while time.monotonic() < deadline and service.alive:
-            if self.client.request_outcome(receipt.request_id) is not None:
+            if requests.changed() and self.client.request_outcome(receipt.request_id) is not None:
                 return
             self.paced_step()
         self.report.differences.append(
@@ -611,15 +616,20 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
     def catch_up(self, config: Path) -> None:
         service = InProcessService(self.spark, load_config(str(config))).start()
         self.report.cycles += 1
+        # the state is read again only after a commit to the catalog or the verdicts
+        watches = [
+            TableWatch(self.spark, self.state.table_path(name))
+            for name in (state.CATALOG_TABLE, state.REQUESTS_TABLE)
+        ]
         try:
             deadline = time.monotonic() + self.settings.catch_up_timeout
             while time.monotonic() < deadline:
                 if not service.alive:
                     self.report.differences.append(f"the final run ended: {service.error!r}")
                     return
-                if self.caught_up():
+                if any([w.changed() for w in watches]) and self.caught_up():
                     return
-                time.sleep(1)
+                time.sleep(0.5)
             self.report.differences.append(f"not caught up after {self.settings.catch_up_timeout}s")
         finally:
             service.stop()
@@ -644,8 +654,9 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         )
 
     def version(self, table: str) -> int:
-        path = str(self.warehouse / "chaos" / table)
-        return int(DeltaTable.forPath(self.spark, path).history(1).first()["version"])  # type: ignore[index]
+        version = self.probe.latest_version(str(self.warehouse / "chaos" / table))
+        assert version is not None, table
+        return version
 
     # -- the checks -----------------------------------------------------------------------
 

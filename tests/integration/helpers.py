@@ -11,11 +11,13 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from lakeprop.client.api import TableWatch
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
 from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
+from lakeprop.tables.probe import DeltaLogProbe
 from tests.support.waiting import assert_eventually
 
 
@@ -117,7 +119,9 @@ def cdf_source(
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
-    return int(DeltaTable.forPath(spark, path).history(1).first()["version"])
+    version = DeltaLogProbe(spark).latest_version(path)  # a log listing, no Spark job
+    assert version is not None, f"no Delta table at {path}"
+    return version
 
 
 def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> Any:
@@ -148,7 +152,15 @@ def wait_for_watermark(
         )
         return row
 
-    return assert_eventually(reached, timeout=timeout)
+    return assert_eventually(
+        reached, timeout=timeout, interval=0.25, changes=watches(spark, config, "catalog")
+    )
+
+
+def watches(spark: SparkSession, config: AppConfig, *tables: str) -> list[TableWatch]:
+    """Watches on state tables, for ``assert_eventually(changes=...)``: a check that
+    reads them runs again only after a commit to one of them."""
+    return [TableWatch(spark, config.state.table_path(t)) for t in tables]
 
 
 def history(spark: SparkSession, config: AppConfig) -> DataFrame:

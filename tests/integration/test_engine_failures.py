@@ -28,6 +28,7 @@ from tests.integration.helpers import (
     running,
     ticks_pass,
     wait_for_watermark,
+    watches,
 )
 from tests.support.waiting import assert_eventually
 
@@ -116,7 +117,7 @@ def test_a_temporary_failure_is_retried_with_backoff_and_a_permanent_one_stops_t
             assert r["job_state"] == "error"
             return r
 
-        failed = assert_eventually(broken_in_error)
+        failed = assert_eventually(broken_in_error, changes=watches(spark, app_config, "catalog"))
         ticks_pass(app)  # a failed job is not retried
         assert len(member_outcomes(spark, app_config, failed["job_id"])) == 1
 
@@ -151,7 +152,9 @@ def test_a_timeout_really_cancels_the_running_iteration_and_unregister_stops_the
             assert rows
             return rows
 
-        (first, *_) = assert_eventually(timed_out, timeout=60)
+        (first, *_) = assert_eventually(
+            timed_out, timeout=60, changes=watches(spark, config, "iterations")
+        )
         assert (first["ended_at"] - first["started_at"]).total_seconds() < 20  # not 60 s
         assert "timed out after 3s" in first["error_msg"]
         assert job_row(spark, config, key)["job_state"] in ("pending", "running")

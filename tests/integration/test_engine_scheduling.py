@@ -21,6 +21,7 @@ from tests.integration.helpers import (
     latest_version,
     running,
     wait_for_watermark,
+    watches,
 )
 from tests.support.waiting import assert_eventually
 
@@ -105,6 +106,7 @@ def test_quiet_tables_launch_no_spark_job_periodic_jobs_wait_and_dropped_jobs_ar
                 or (_ for _ in ()).throw(AssertionError("watermark time not flushed"))
             ),
             timeout=30,
+            changes=watches(spark, config, "catalog"),
         )
 
         # dropped jobs are removed from the catalog after the retention
@@ -114,7 +116,7 @@ def test_quiet_tables_launch_no_spark_job_periodic_jobs_wait_and_dropped_jobs_ar
             names = [r["job_name"] for r in catalog_df(spark, config).collect()]
             assert "q0" not in names and "q1" in names
 
-        assert_eventually(collected, timeout=30)
+        assert_eventually(collected, timeout=30, changes=watches(spark, config, "catalog"))
 
 
 def test_a_lagging_job_catches_up_and_then_shares_the_groups_iterations(

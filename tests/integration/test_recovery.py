@@ -32,6 +32,7 @@ from tests.integration.helpers import (
     running,
     table,
     wait_for_watermark,
+    watches,
 )
 from tests.support.waiting import assert_eventually
 
@@ -86,7 +87,7 @@ def wait_for_error(spark: SparkSession, config: AppConfig, key: JobKey, code: Er
         assert (state, error_code) == ("error", code), (state, error_code, message)
         return message
 
-    return assert_eventually(failed, timeout=90)
+    return assert_eventually(failed, timeout=90, changes=watches(spark, config, "catalog"))
 
 
 def add_rows(spark: SparkSession, path: str, ids: range) -> None:

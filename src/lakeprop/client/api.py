@@ -37,9 +37,28 @@ from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.status import JobState
 from lakeprop.state.store import CATALOG_TABLE, REQUESTS_TABLE
+from lakeprop.tables.probe import DeltaLogProbe
 
 LATEST = "latest"
 """``wait_for_watermark``'s version meaning the source table's current version."""
+
+
+class TableWatch:
+    """Tells whether a Delta table has a new commit since the last look, from a
+    listing of its log (no Spark job): waits re-read a state table only then."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.probe = DeltaLogProbe(spark)
+        self.path = path
+        self.seen: int | None = None
+        self.looked = False
+
+    def changed(self) -> bool:
+        version = self.probe.latest_version(self.path)
+        if self.looked and version == self.seen:
+            return False
+        self.seen, self.looked = version, True
+        return True
 
 
 @dataclass(frozen=True)
@@ -256,12 +275,16 @@ class LakepropClient:
         return rows[0].asDict() if rows else None
 
     def wait_for_outcome(
-        self, receipt: Receipt, timeout: float = 60.0, poll: float = 1.0
+        self, receipt: Receipt, timeout: float = 60.0, poll: float = 0.5
     ) -> dict[str, Any]:
-        """Block until the service has applied (or rejected) the request."""
+        """Block until the service has applied (or rejected) the request.
+
+        The requests table is read again only after a new commit to it.
+        """
         deadline = time.monotonic() + timeout
+        watch = TableWatch(self.spark, self.state.table_path(REQUESTS_TABLE))
         while True:
-            outcome = self.request_outcome(receipt.request_id)
+            outcome = self.request_outcome(receipt.request_id) if watch.changed() else None
             if outcome is not None:
                 return outcome
             if time.monotonic() >= deadline:
@@ -273,7 +296,6 @@ class LakepropClient:
 
     def source_version(self, database: str, table: str) -> int:
         """The current Delta version of a source table, resolved as the service does."""
-        from lakeprop.tables.probe import DeltaLogProbe
         from lakeprop.tables.resolve import Tables
 
         if self.tables is None:
@@ -295,7 +317,7 @@ class LakepropClient:
         key: JobKey,
         version: int | str = LATEST,
         timeout: float = 300.0,
-        poll: float = 1.0,
+        poll: float = 0.5,
     ) -> JobInfo:
         """Block until the live job ``key`` has consumed source version ``version``.
 
@@ -306,7 +328,7 @@ class LakepropClient:
         and :class:`TemporaryError` when the timeout passes first, saying
         where the job stands. A job that is not live yet (the service has not
         applied its register, or it was dropped and is being registered again)
-        is waited for.
+        is waited for. The catalog is read again only after a new commit to it.
         """
         if version == LATEST:
             target = self.source_version(key.database, key.table)
@@ -317,10 +339,12 @@ class LakepropClient:
                 f"version must be a Delta version (>= 0) or {LATEST!r}, got {version!r}"
             )
         deadline = time.monotonic() + timeout
+        watch = TableWatch(self.spark, self.state.table_path(CATALOG_TABLE))
+        job: JobInfo | None = None
         while True:
-            job = self._job(key)
-            live = job is not None and job.drop_at is None
-            if job is not None and live:
+            if watch.changed():
+                job = self._job(key)
+            if job is not None and job.drop_at is None:
                 if job.watermark is not None and job.watermark >= target:
                     return job
                 if job.state == JobState.ERROR.value:
@@ -329,14 +353,9 @@ class LakepropClient:
                         f"[{job.status.get('error_code')}]: {job.status.get('error_msg')}"
                     )
             if time.monotonic() >= deadline:
-                if job is None:
-                    where = "is not in the catalog (is it registered, is the service running?)"
-                elif not live:
-                    where = f"was dropped at {job.drop_at}"
-                else:
-                    where = f"is at watermark {job.watermark} ({job.state})"
                 raise TemporaryError(
-                    f"job {key} did not reach version {target} within {timeout:.0f}s: it {where}"
+                    f"job {key} did not reach version {target} within {timeout:.0f}s: "
+                    f"it {_where(job)}"
                 )
             time.sleep(poll)
 
@@ -345,3 +364,12 @@ class LakepropClient:
         if not DeltaTable.isDeltaTable(self.spark, self.state.table_path(CATALOG_TABLE)):
             return None
         return self.get_job_status(key)
+
+
+def _where(job: JobInfo | None) -> str:
+    """Where a job stands, for a wait that timed out."""
+    if job is None:
+        return "is not in the catalog (is it registered, is the service running?)"
+    if job.drop_at is not None:
+        return f"was dropped at {job.drop_at}"
+    return f"is at watermark {job.watermark} ({job.state})"
