@@ -234,23 +234,28 @@ def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
     Infinite retention (the log is the history of every job) and a
     ``max.message.bytes`` above the service's limit (:func:`topic_max_message_bytes`).
     """
+    create_topic(
+        kafka,
+        kafka.topic,
+        kafka.topic_partitions,
+        {"retention.ms": "-1", "max.message.bytes": str(topic_max_message_bytes(kafka))},
+        timeout,
+    )
+
+
+def create_topic(
+    kafka: KafkaConfig, name: str, partitions: int, config: Mapping[str, str], timeout: float
+) -> None:
+    """Create topic ``name`` on the change log's broker unless it exists."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
-    topic = NewTopic(
-        kafka.topic,
-        num_partitions=kafka.topic_partitions,
-        replication_factor=-1,
-        config={
-            "retention.ms": "-1",
-            "max.message.bytes": str(topic_max_message_bytes(kafka)),
-        },
-    )
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=-1, config=dict(config))
     try:
-        admin.create_topics([topic], request_timeout=timeout)[kafka.topic].result(timeout)
+        admin.create_topics([topic], request_timeout=timeout)[name].result(timeout)
     except KafkaException as exc:
         error = exc.args[0]
         if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise BrokerError(f"could not create topic {kafka.topic}: {error.str()}") from None
+            raise BrokerError(f"could not create topic {name}: {error.str()}") from None

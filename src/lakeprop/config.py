@@ -42,6 +42,7 @@ _DURATIONS = {
     "watermark_flush_interval",
     "gc_interval",
     "gc_retention",
+    "sweep_interval",
 }
 """Settings given as durations ("10s", "5m", "1h"); each must be positive."""
 
@@ -56,6 +57,11 @@ def _absolute(path: str) -> str:
 def _positive(value: float, what: str) -> None:
     if value <= 0:
         raise InvalidConfigError(f"{what} must be positive, got {value}")
+
+
+def _topic_name(value: str, what: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", value):
+        raise InvalidConfigError(f"{what} {value!r} is not a valid topic name")
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,7 @@ class KafkaConfig:
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
             raise InvalidConfigError("kafka.bootstrap_servers must not be empty")
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", self.topic):
-            raise InvalidConfigError(f"kafka.topic {self.topic!r} is not a valid topic name")
+        _topic_name(self.topic, "kafka.topic")
         _positive(self.topic_partitions, "kafka.topic_partitions")
         _positive(self.max_offsets_per_trigger, "kafka.max_offsets_per_trigger")
         _positive(self.max_message_bytes, "kafka.max_message_bytes")
@@ -183,6 +188,25 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class NotificationsConfig:
+    """Commit notifications: writers announce "table T reached version v" on a topic.
+
+    Off: every tick probes the Delta log of every table with an eligible job.
+    On: a tick probes only the tables announced past a job's watermark, plus
+    each table once per ``sweep_interval`` (writers that announce nothing).
+    The topic lives on the change log's broker (``kafka`` settings).
+    """
+
+    enabled: bool = False
+    topic: str = "lakeprop.commits"
+    sweep_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        _topic_name(self.topic, "notifications.topic")
+        _positive(self.sweep_interval, "notifications.sweep_interval")
+
+
+@dataclass(frozen=True)
 class AppConfig:
     """Everything the streaming app needs."""
 
@@ -192,6 +216,7 @@ class AppConfig:
     spark: SparkConfig = field(default_factory=SparkConfig)
     local_broker: LocalBrokerConfig = field(default_factory=LocalBrokerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    notifications: NotificationsConfig = field(default_factory=NotificationsConfig)
     tick_interval: float = 10.0
     """Seconds between micro-batches: the runner's scan interval (seed: 10 s)."""
     query_name: str = "lakeprop-changelog"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
 import pytest
 from chispa import assert_df_equality
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
+from lakeprop.client.notifier import CommitNotifier
 from lakeprop.config import AppConfig
 from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.spec import JobKey
@@ -17,9 +21,12 @@ from tests.integration.helpers import (
     SOURCE_SCHEMA,
     catalog_df,
     cdf_source,
+    cli_settings,
     history,
+    job_row,
     latest_version,
     running,
+    ticks_pass,
     wait_for_watermark,
     watches,
 )
@@ -155,3 +162,69 @@ def test_a_lagging_job_catches_up_and_then_shares_the_groups_iterations(
             spark.read.format("delta").load(path),
             ignore_row_order=True,
         )
+
+
+def test_with_notifications_only_announced_tables_are_probed_and_a_sweep_finds_the_rest(
+    spark: SparkSession, app_config: AppConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notifications = replace(
+        app_config.notifications,
+        enabled=True,
+        topic=f"{app_config.kafka.topic}.commits",
+        sweep_interval=3600.0,
+    )
+    config = replace(app_config, notifications=notifications)
+    paths = {name: cdf_source(spark, config, "n", name) for name in ("told", "heard", "untold")}
+    client = LakepropClient(
+        config.kafka, config.state, spark, tables=config.tables, notifications=notifications
+    )
+    keys = {name: JobKey(1, "n", name, "copy") for name in paths}
+    for key in keys.values():
+        client.register_job(key, replica("greedy"))
+
+    def assert_copied(name: str) -> None:
+        assert_df_equality(
+            spark.read.format("delta").load(f"{config.tables.warehouse}/n/{name}_copy"),
+            spark.read.format("delta").load(paths[name]),
+            ignore_row_order=True,
+        )
+
+    with running(spark, config) as app:
+        for key in keys.values():
+            wait_for_watermark(spark, config, key, 0)  # the first ticks probe every table
+        probes = app.runner.tables_probed
+        ticks_pass(app)
+        assert app.runner.tables_probed == probes  # idle tables cost no probe at all
+
+        for path in (paths["told"], paths["untold"]):
+            append(spark, path, range(5))
+        ticks_pass(app)
+        assert app.runner.tables_probed == probes  # nobody announced the commits yet
+        announce = ["--set", f"notifications.topic={notifications.topic}", "notify"]
+        table = ["--database", "n", "--table", "told"]
+        assert cli.main([*cli_settings(config), *announce, *table]) == 0  # the latest: 1
+        assert json.loads(capsys.readouterr().out)["version"] == 1
+        wait_for_watermark(spark, config, keys["told"], 1)
+        assert app.runner.tables_probed > probes
+        assert_copied("told")
+
+        # a writer with the listener installed announces its own commits
+        notifier = CommitNotifier(spark, client, [("n", "heard")]).install()
+        try:
+            append(spark, paths["heard"], range(5))
+            DeltaTable.forPath(spark, paths["heard"]).update("id = 2", {"name": "'two'"})
+            wait_for_watermark(spark, config, keys["heard"], 2)
+        finally:
+            notifier.uninstall()
+        assert notifier.failures == 0
+        assert_copied("heard")
+        assert job_row(spark, config, keys["untold"])["watermark"] == 0  # until its sweep
+
+    swept = replace(config, notifications=replace(notifications, sweep_interval=1.0))
+    with running(spark, swept) as app:
+        # a start probes every table: notices sent while the service was down are lost
+        wait_for_watermark(spark, swept, keys["untold"], 1)
+        # after that only a sweep finds a commit nobody announces
+        version = append(spark, paths["untold"], range(5, 9))
+        wait_for_watermark(spark, swept, keys["untold"], version)
+        assert_copied("untold")

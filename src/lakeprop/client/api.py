@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.changelog import Operation, encode
-from lakeprop.config import KafkaConfig, StateConfig, TablesConfig
+from lakeprop.config import KafkaConfig, NotificationsConfig, StateConfig, TablesConfig
 from lakeprop.errors import (
     DeliveryError,
     ErrorCode,
@@ -32,6 +32,8 @@ from lakeprop.errors import (
     PermanentError,
     TemporaryError,
 )
+from lakeprop.identifiers import validate_identifier
+from lakeprop.notifications import CommitNotice, ensure_notice_topic
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
@@ -125,11 +127,14 @@ class LakepropClient:
         state_config: StateConfig | None = None,
         spark: SparkSession | None = None,
         tables: TablesConfig | None = None,
+        notifications: NotificationsConfig | None = None,
     ) -> None:
         self.kafka = kafka
         self.state = state_config or StateConfig()
         self.tables = tables
         """How sources resolve (the service's ``tables`` settings): needed for ``latest``."""
+        self.notifications = notifications or NotificationsConfig()
+        self._notice_topic_ready = False
         self._spark = spark
         self._producer: Any = None
 
@@ -162,6 +167,47 @@ class LakepropClient:
         if not isinstance(spec, Mapping):
             raise InvalidSpecError("update_job_spec needs a (partial) spec object")
         return self._send(Operation.UPDATE_SPEC, key, spec=dict(spec), interrupt=interrupt)
+
+    def notify_commit(self, database: str, table: str, version: int | None = None) -> int:
+        """Announce that a source table reached ``version`` (default: its latest).
+
+        With ``notifications.enabled`` the service probes only announced tables
+        (and each table once per sweep interval), so a writer that announces its
+        commits has them propagated on the next tick. Returns the version sent.
+        """
+        validate_identifier(database, "database")
+        validate_identifier(table, "table")
+        if version is None:
+            version = self.source_version(database, table)
+        elif isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InvalidSpecError(f"version must be a Delta version (>= 0), got {version!r}")
+        if not self._notice_topic_ready:
+            ensure_notice_topic(self.kafka, self.notifications.topic)
+            self._notice_topic_ready = True
+        key, value = CommitNotice(database, table, version).encode()
+        self._deliver(self.notifications.topic, key, value, f"commit notice of {database}.{table}")
+        return version
+
+    def _deliver(self, topic: str, key: bytes, value: bytes, what: str) -> None:
+        from confluent_kafka import Producer
+
+        if self._producer is None:
+            self._producer = Producer(producer_config(self.kafka))
+        delivered: list[Any] = []
+        self._producer.produce(
+            topic, key=key, value=value, on_delivery=lambda err, _: delivered.append(err)
+        )
+        self._producer.flush(self.kafka.delivery_timeout + 5)
+        if not delivered:
+            raise DeliveryError(
+                f"{what} was not confirmed by {self.kafka.bootstrap_servers} "
+                f"within {self.kafka.delivery_timeout:.0f}s"
+            )
+        if delivered[0] is not None:
+            raise DeliveryError(
+                f"{what} was not delivered to {topic} on {self.kafka.bootstrap_servers}: "
+                f"{delivered[0].str()}"
+            )
 
     def _send(self, op: Operation, key: JobKey, **fields: Any) -> Receipt:
         (receipt,) = self._send_all([(op, key, fields)])

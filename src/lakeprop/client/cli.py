@@ -7,6 +7,7 @@
     lakeprop status --database sales --table orders --name copy
     lakeprop wait --database sales --table orders --name copy --version latest
     lakeprop list --state error
+    lakeprop notify --database sales --table orders --version 42
     lakeprop search --database kb --table articles --name text "delta merge" --limit 5
     lakeprop unregister --database sales --table orders --name copy
 """
@@ -127,7 +128,9 @@ def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
 
         spark = build_session(config.spark)
         spark.sparkContext.setLogLevel("ERROR")
-    return LakepropClient(config.kafka, config.state, spark, tables=config.tables)
+    return LakepropClient(
+        config.kafka, config.state, spark, tables=config.tables, notifications=config.notifications
+    )
 
 
 def _send(args: argparse.Namespace, action: str) -> int:
@@ -182,6 +185,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     )
     for job in jobs:
         print(json.dumps(asdict(job), sort_keys=True, default=str))
+    return 0
+
+
+def cmd_notify(args: argparse.Namespace) -> int:
+    client = _client(args, with_spark=args.version is None)
+    version = client.notify_commit(args.database, args.table, args.version)
+    client.close()
+    _print({"database": args.database, "table": args.table, "version": version})
     return 0
 
 
@@ -270,6 +281,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state", choices=["pending", "running", "completed", "error", "canceled"])
     p.add_argument("--account", type=int)
     p.add_argument("--all", action="store_true", help="include dropped jobs")
+    p = sub.add_parser("notify", help="announce a commit to a source table (notifications)")
+    p.add_argument("--database", required=True)
+    p.add_argument("--table", required=True)
+    p.add_argument(
+        "--version", type=int, help="the Delta version committed (default: read the latest)"
+    )
     p = sub.add_parser("search", help="rank documents of a fulltext_index job with BM25")
     _add_key(p)
     p.add_argument("query")
@@ -297,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": cmd_status,
         "wait": cmd_wait,
         "list": cmd_list,
+        "notify": cmd_notify,
         "search": cmd_search,
         "broker": cmd_broker,
     }

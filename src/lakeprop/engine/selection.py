@@ -3,6 +3,8 @@
 For every source table with an eligible job, one cheap probe of its Delta log
 (no Spark job): an unchanged table only marks its jobs fresh; a changed one
 gets the iterations its jobs' trigger kinds plan (:mod:`lakeprop.engine.triggers`).
+With commit notifications on, only the tables :class:`~lakeprop.engine.dirty.DirtyTables`
+names are probed: announced ones, and each table once per sweep interval.
 A table whose identity changed under its jobs (dropped, or replaced by a new
 table) fails those jobs with a permanent error: their watermarks count
 versions of a table that is gone.
@@ -14,6 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
 from lakeprop.engine.triggers import JobView, is_eligible, plan_table, probe_from
 from lakeprop.errors import ErrorCode, SourceTableError
@@ -41,10 +44,14 @@ class Selected:
 class TriggerSelection:
     """Probes tables and plans iterations; keeps the specs and locations it parsed."""
 
-    def __init__(self, tables: Tables, max_versions: int | None = None) -> None:
+    def __init__(
+        self, tables: Tables, max_versions: int | None = None, dirty: DirtyTables | None = None
+    ) -> None:
         self.tables = tables
         self.probe = tables.probe
         self.max_versions = max_versions
+        self.dirty = dirty
+        """Commit notifications: probe only what they name (None: probe every table)."""
         self._specs: dict[JobRef, tuple[str, JobSpec]] = {}
         self._locations: dict[TableRef, str] = {}
 
@@ -108,18 +115,25 @@ class TriggerSelection:
         selected: Selected,
     ) -> None:
         should, since = probe_from(views, now)
-        if not should:
+        name = (table.database, table.table)
+        if not should or (self.dirty is not None and not self.dirty.due(name, since, now)):
             return
         selected.probed += 1
         location = self._location(table)
         if since is not None and not self.probe.has_version_after(location, since):
+            found: int | None = since
             if not self.probe.has_version(location, since):
                 # the version the jobs stand on is gone: dropped or replaced
                 self._locations.pop(table, None)
                 views = self._same_source(table, views, rows, selected)
+                found = None
+            if self.dirty is not None:
+                self.dirty.probed(name, found, now)
             selected.fresh += [v.ref for v in views if is_eligible(v, now)]
             return
         latest = self.probe.latest_version(location)
+        if self.dirty is not None:
+            self.dirty.probed(name, latest, now)
         views = self._same_source(table, views, rows, selected, latest)
         if latest is None or not views:
             return

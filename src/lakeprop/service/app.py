@@ -12,9 +12,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.config import AppConfig
+from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.retry import retry_delay
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.errors import TemporaryError
+from lakeprop.notifications import CommitNotice, NoticeListener
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.runner import Runner
 from lakeprop.service.stream import start_query
@@ -47,6 +49,13 @@ class PropagationApp:
         """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
         self.lock = CheckpointLock(spark, config.state.checkpoint_location)
         self._locked = False
+        notifications = config.notifications
+        self.dirty = DirtyTables(notifications.sweep_interval) if notifications.enabled else None
+        self.notices = (
+            NoticeListener(config.kafka, notifications.topic, self._announce)
+            if notifications.enabled
+            else None
+        )
         self.runner = Runner(
             spark,
             config.engine,
@@ -56,7 +65,12 @@ class PropagationApp:
             self.history,
             self.scheduler,
             config.kafka.max_message_bytes,
+            dirty=self.dirty,
         )
+
+    def _announce(self, notice: CommitNotice) -> None:
+        assert self.dirty is not None
+        self.dirty.announce((notice.database, notice.table), notice.version, time.time())
 
     def prepare(self) -> None:
         """Create the state tables, load the catalog, roll it forward from the history."""
@@ -100,6 +114,10 @@ class PropagationApp:
             self.lock.acquire()  # before any state is touched
             self._locked = True
         self.prepare()
+        if self.notices is not None and self.dirty is not None:
+            # notices sent while it was stopped are lost: the first tick probes every table
+            self.dirty.reset()
+            self.notices.start()
         self.runner.resume()
         if self.config.engine.enabled:
             self.scheduler.start()
@@ -204,6 +222,8 @@ class PropagationApp:
         if self.scheduler.started:
             self.runner.record_results(self.scheduler.shutdown())
             self.catalog.commit_staged()
+        if self.notices is not None:
+            self.notices.stop()
         if self._locked:
             self.lock.release()
             self._locked = False

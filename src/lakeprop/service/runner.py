@@ -7,7 +7,9 @@
    rejects), apply the valid ones to the catalog. Verdicts are written before
    the catalog so that a replay skips what the catalog holds and keeps the
    verdict a message got the first time.
-3. Trigger selection (:mod:`lakeprop.engine.selection`): unchanged tables only
+3. Trigger selection (:mod:`lakeprop.engine.selection`): with commit
+   notifications on, only announced tables and those whose sweep is due are
+   probed; unchanged tables only
    mark their jobs fresh (no Spark job), changed ones get iterations, which go
    to the scheduler and run on while this micro-batch returns. Their jobs turn
    pending, then running, in memory only: the catalog table is written when
@@ -33,6 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakeprop.changelog import Command, LogRecord, best_effort_request_id, decode
 from lakeprop.config import EngineConfig
+from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
 from lakeprop.engine.model import IterationPlan, IterationResult, MemberJob, Retry
@@ -145,6 +148,7 @@ class Runner:
         scheduler: Scheduler,
         max_message_bytes: int,
         clock: Callable[[], float] = time.time,
+        dirty: DirtyTables | None = None,
     ) -> None:
         self.spark = spark
         self.engine = engine
@@ -155,12 +159,14 @@ class Runner:
         self.scheduler = scheduler
         self.max_message_bytes = max_message_bytes
         self.clock = clock
-        self.selection = TriggerSelection(tables, engine.max_versions_per_iteration)
+        self.selection = TriggerSelection(tables, engine.max_versions_per_iteration, dirty)
         self.housekeeping = Housekeeping(catalog, engine, clock)
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
         self.batches = 0
         """Micro-batches processed (ticks), for waiting on the service without sleeping."""
+        self.tables_probed = 0
+        """Delta log probes of trigger selection since the start (metrics, tests)."""
         self.timings: deque[BatchTimings] = deque(maxlen=10_000)
         """Phase timings of the latest micro-batches (benchmarks, metrics)."""
         self._batch_lock = threading.Lock()
@@ -290,6 +296,7 @@ class Runner:
         rows = {**self.catalog.by_id(), **changed}
         with _selection_job_group(self.spark):
             selected = self.selection.select(rows, self.scheduler.in_flight(), self.retries, now)
+        self.tables_probed += selected.probed
         changed.update(selected.failed)
         for plan in selected.plans:
             self._submit(plan, rows)
