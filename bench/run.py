@@ -26,7 +26,7 @@ from tests.support.spark import local_session  # noqa: E402
 
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {
-        "scale": {"jobs": 50, "ticks": 3},
+        "scale": {"jobs": 50, "ticks": 3, "notifications": 1},
         "registration": {"jobs": 50},
         "fanout": {"k": 2, "rows": 100, "commits": 2, "changes": 30},
         "catchup": {"rows": 1000, "repeats": 1},

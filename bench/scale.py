@@ -7,6 +7,11 @@ engine's own: selection, the change log, the catalog. Their iterations still
 run, in the workers, beside the ticks. The source tables are copies of one
 small Delta table (same schema and identity), made by copying its directory.
 
+With ``notifications=1`` the service runs with commit notifications on and
+each commit is announced to it as the listener thread would (the announcement
+handed over directly: the Kafka round trip is not part of a tick), so a tick
+probes only the announced tables; without, it probes every table.
+
 The baseline is what the mission sets, not a DIY run: N streaming queries do
 not fit one driver at these sizes. The check: after the last tick every job's
 watermark equals its table's latest version, and no Spark job ran in the
@@ -18,6 +23,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -26,7 +32,7 @@ from pyspark.sql import SparkSession
 from bench.common import Result, app_config, cdf_table, peak_rss_mb, percentile
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import SELECTION_JOB_GROUP
-from lakeprop.spec import JobKey, JobSpec
+from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState
 from lakeprop.tables.probe import DeltaLogProbe
@@ -51,10 +57,13 @@ def run(
     ticks: int = 30,
     changing: float = 0.01,
     seed: int = 1,
+    notifications: int = 0,
 ) -> Result:
     rng = random.Random(seed)
     tables = max(1, jobs // 5)
     config = app_config(workdir, bootstrap_servers)
+    if notifications:
+        config = replace(config, notifications=replace(config.notifications, enabled=True))
     warehouse = Path(config.tables.warehouse)
     template = warehouse / "_template" / "t"
     cdf_table(spark, str(template))
@@ -69,37 +78,16 @@ def run(
 
     app = PropagationApp(spark, config)
     app.prepare()
-    now = datetime.now()
-    rows = {}
-    for j in range(jobs):
-        key = JobKey(1, "db", f"t{j % tables}", f"j{j}")
-        row = CatalogRow(
-            account_id=1,
-            database="db",
-            table=key.table,
-            job_name=key.job_name,
-            job_id=j + 1,
-            table_id=metadata.table_id,
-            job_spec=SPEC.canonical(),
-            job_state=JobState.COMPLETED,
-            watermark=1,
-            watermark_ts=now,
-            job_status=EMPTY_STATUS,
-            create_at=now,
-            drop_at=None,
-            owner=None,
-            log_partition=0,
-            log_offset=j,
-        )
-        rows[row.row_id] = row
+    rows = synced_rows(jobs, tables, metadata.table_id)
     app.catalog.commit(rows)  # set-up: N synced jobs in one write
     app.scheduler.start()
     runner = app.runner
     empty = spark.createDataFrame([], BATCH_SCHEMA)
     tracker = spark.sparkContext.statusTracker()
     versions = {i: 1 for i in range(tables)}
+    probes = []
     try:
-        runner.process_batch(empty, 0)  # warm-up: parses every spec once
+        runner.process_batch(empty, 0)  # warm-up: parses every spec once, probes every table
         runner.timings.clear()
         for tick in range(1, ticks + 1):
             for i in rng.sample(range(tables), max(1, round(tables * changing))):
@@ -107,7 +95,11 @@ def run(
                     [(tick, f"t{tick}", float(tick))], "id INT, name STRING, amount DOUBLE"
                 ).write.format("delta").mode("append").save(str(paths[i]))
                 versions[i] += 1
+                if app.dirty is not None:
+                    app.dirty.announce(("db", f"t{i}"), versions[i], time.time())
+            before = runner.tables_probed
             runner.process_batch(empty, tick)
+            probes.append(runner.tables_probed - before)
         settle = ticks + 1
         deadline = time.monotonic() + 600
         while app.scheduler.in_flight() and time.monotonic() < deadline:
@@ -128,12 +120,15 @@ def run(
             "tables": tables,
             "changing_per_tick": max(1, round(tables * changing)),
             "ticks": ticks,
+            "notifications": bool(notifications),
         },
         {
             "tick_p50_s": percentile(totals, 0.5),
             "tick_p95_s": percentile(totals, 0.95),
             "selection_p50_s": phase("selection", 0.5),
             "selection_p95_s": phase("selection", 0.95),
+            "selection_per_table_p50_ms": phase("selection", 0.5) / tables * 1000,
+            "tables_probed_per_tick_p50": percentile([float(p) for p in probes], 0.5),
             "log_p50_s": phase("log", 0.5),
             "catalog_p50_s": phase("catalog", 0.5),
             "catalog_p95_s": phase("catalog", 0.95),
@@ -147,3 +142,31 @@ def run(
             "no_spark_job_in_selection": selection_jobs == 0,
         },
     )
+
+
+def synced_rows(jobs: int, tables: int, table_id: str) -> dict[JobRef, CatalogRow]:
+    """N default jobs on ``tables`` tables, each at the tables' version 1."""
+    now = datetime.now()
+    rows = {}
+    for j in range(jobs):
+        key = JobKey(1, "db", f"t{j % tables}", f"j{j}")
+        row = CatalogRow(
+            account_id=1,
+            database="db",
+            table=key.table,
+            job_name=key.job_name,
+            job_id=j + 1,
+            table_id=table_id,
+            job_spec=SPEC.canonical(),
+            job_state=JobState.COMPLETED,
+            watermark=1,
+            watermark_ts=now,
+            job_status=EMPTY_STATUS,
+            create_at=now,
+            drop_at=None,
+            owner=None,
+            log_partition=0,
+            log_offset=j,
+        )
+        rows[row.row_id] = row
+    return rows
