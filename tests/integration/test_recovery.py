@@ -183,11 +183,13 @@ def test_a_dropped_or_altered_target_is_a_permanent_error_for_its_job_only(
 def test_the_service_survives_a_broker_outage_and_loses_nothing(
     spark: SparkSession, app_config: AppConfig, kafka: LocalKafka
 ) -> None:
-    # the outage fails the query in seconds instead of the source's default 3 x 60 s
+    # the outage fails the query in seconds instead of the source's default 3 x 60 s to
+    # fetch offsets, or 120 s to fetch the records of a batch planned just before it
     fail_fast = {
         "fetchOffset.numRetries": "1",
         "kafka.default.api.timeout.ms": "5000",
         "kafka.request.timeout.ms": "3000",
+        "kafkaConsumer.pollTimeoutMs": "5000",
     }
     app_config = replace(app_config, kafka=replace(app_config.kafka, source_options=fail_fast))
     make_source(spark, app_config, "b", "src")
