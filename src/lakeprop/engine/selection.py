@@ -74,8 +74,18 @@ class TriggerSelection:
         now: float,
     ) -> Selected:
         selected = Selected()
+        due: list[tuple[TableRef, list[JobView], int | None]] = []
         for table, views in self._views(rows, in_flight, retries).items():
-            self._select_table(table, views, rows, now, selected)
+            should, since = probe_from(views, now)
+            name = (table.database, table.table)
+            if should and (self.dirty is None or self.dirty.due(name, since, now)):
+                due.append((table, views, since))
+        # one round of probes for every due table with a watermark (concurrent off-host)
+        asked = [(self._location(t), since) for t, _, since in due if since is not None]
+        answers = iter(self.probe.changed_since_all(asked))
+        for table, views, since in due:
+            changed = True if since is None else next(answers)
+            self._select_table(table, views, since, changed, rows, now, selected)
         return selected
 
     def _views(
@@ -110,19 +120,20 @@ class TriggerSelection:
         self,
         table: TableRef,
         views: list[JobView],
+        since: int | None,
+        changed: bool | None,
         rows: Mapping[JobRef, CatalogRow],
         now: float,
         selected: Selected,
     ) -> None:
-        should, since = probe_from(views, now)
-        name = (table.database, table.table)
-        if not should or (self.dirty is not None and not self.dirty.due(name, since, now)):
-            return
+        """Plan one probed table: ``changed`` says whether it has a version after
+        ``since`` (None: it no longer holds ``since``)."""
         selected.probed += 1
+        name = (table.database, table.table)
         location = self._location(table)
-        if since is not None and not self.probe.has_version_after(location, since):
+        if not changed:
             found: int | None = since
-            if not self.probe.has_version(location, since):
+            if changed is None:
                 # the version the jobs stand on is gone: dropped or replaced
                 self._locations.pop(table, None)
                 views = self._same_source(table, views, rows, selected)

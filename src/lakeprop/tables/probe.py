@@ -1,9 +1,9 @@
 """Cheap change detection on Delta tables: file-system metadata, no Spark job.
 
 A Delta table has a version after ``v`` exactly when its log holds the commit
-file ``_delta_log/<v+1>.json``: one existence check per table per tick. Old
-commit files are removed by log clean-up once a checkpoint covers them, so when
-that file is missing the checkpoint pointer is consulted too. The latest version
+file ``_delta_log/<v+1>.json``: one existence check per table per tick, and a
+second one (``<v>.json``) to tell an idle table from one whose old commit files
+log clean-up removed; only then is the checkpoint pointer read. The latest version
 is found by listing the log, which happens only for tables that did change.
 """
 
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from lakeprop.tables.hadoop import FilesFor
+from lakeprop.tables.hadoop import FilesFor, local_path
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
@@ -32,8 +34,12 @@ class LogMetadata:
 class DeltaLogProbe:
     """Reads Delta log metadata by location (local paths directly, others through Hadoop)."""
 
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(self, spark: SparkSession, remote_threads: int = 16) -> None:
         self.files_for = FilesFor(spark)
+        self.remote_threads = remote_threads
+        """Probes of tables off the local file system (object stores) run this many at
+        once: there each existence check is a network round trip."""
+        self._pool: ThreadPoolExecutor | None = None
 
     @staticmethod
     def _log(location: str, name: str | None = None) -> str:
@@ -53,21 +59,45 @@ class DeltaLogProbe:
 
     def has_version_after(self, location: str, version: int) -> bool:
         """True when the table has a commit later than ``version``."""
-        if self.files_for(location).exists(self._log(location, self._commit(version + 1))):
-            return True
-        checkpoint = self._checkpoint_version(location)
-        return checkpoint is not None and checkpoint > version
+        return bool(self.changed_since(location, version))
 
-    def has_version(self, location: str, version: int) -> bool:
-        """True when the log still holds ``version`` (its commit file, or a later checkpoint).
+    def changed_since(self, location: str, version: int) -> bool | None:
+        """Whether the table has a commit later than ``version``; None when it no
+        longer holds ``version`` (dropped, or replaced by a younger table).
 
-        False means the table was dropped, or replaced by a younger one: a table
-        never loses its latest commit file to log clean-up.
+        An idle table costs two existence checks and no read: commit files after
+        the last checkpoint are contiguous, and log clean-up removes older ones
+        oldest first, so when ``<version>.json`` is there and the next is not,
+        ``version`` is the latest. Only when ``<version>.json`` is gone too is
+        the checkpoint pointer read.
         """
-        if self.files_for(location).exists(self._log(location, self._commit(version))):
+        files = self.files_for(location)
+        if files.exists(self._log(location, self._commit(version + 1))):
             return True
+        if files.exists(self._log(location, self._commit(version))):
+            return False
         checkpoint = self._checkpoint_version(location)
-        return checkpoint is not None and checkpoint >= version
+        if checkpoint is None or checkpoint < version:
+            return None
+        return checkpoint > version
+
+    def changed_since_all(self, queries: Sequence[tuple[str, int]]) -> list[bool | None]:
+        """:meth:`changed_since` of many (location, version) pairs, in order.
+
+        Local tables are probed in this thread (microseconds each); the others
+        on a pool of ``remote_threads``, so a tick over many object-store tables
+        waits for about one round trip per ``remote_threads`` tables.
+        """
+        answers: list[bool | None] = [None] * len(queries)
+        remote = [i for i, (location, _) in enumerate(queries) if local_path(location) is None]
+        futures = {}
+        if len(remote) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.remote_threads, "lakeprop-probe")
+            futures = {i: self._pool.submit(self.changed_since, *queries[i]) for i in remote}
+        for i, query in enumerate(queries):
+            answers[i] = futures[i].result() if i in futures else self.changed_since(*query)
+        return answers
 
     def table_id(self, location: str) -> str | None:
         """The table's identity from its first commit, or None when that file is gone

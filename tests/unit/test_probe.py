@@ -1,0 +1,82 @@
+"""Change detection from a Delta log's files alone (no Spark): idle, changed, cleaned up, gone."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import cast
+
+from pyspark.sql import SparkSession
+
+from lakeprop.tables.probe import DeltaLogProbe
+
+PROBE = DeltaLogProbe(cast(SparkSession, None))  # local paths never touch the session
+
+
+def commits(table: Path, *versions: int) -> str:
+    log = table / "_delta_log"
+    log.mkdir(parents=True, exist_ok=True)
+    for version in versions:
+        (log / f"{version:020d}.json").write_text("{}\n")
+    return str(table)
+
+
+def checkpoint(table: Path, version: int) -> None:
+    log = table / "_delta_log"
+    (log / f"{version:020d}.checkpoint.parquet").write_bytes(b"")
+    (log / "_last_checkpoint").write_text(json.dumps({"version": version, "size": 1}))
+
+
+def cleaned_up(table: Path, *versions: int) -> None:
+    for version in versions:
+        (table / "_delta_log" / f"{version:020d}.json").unlink()
+
+
+def test_an_idle_table_is_unchanged_and_a_new_commit_is_seen(tmp_path: Path) -> None:
+    table = commits(tmp_path / "t", 0, 1, 2)
+    assert PROBE.changed_since(table, 2) is False
+    assert PROBE.changed_since(table, 1) is True
+    commits(tmp_path / "t", 3)
+    assert PROBE.changed_since(table, 2) is True
+    assert PROBE.has_version_after(table, 2) and not PROBE.has_version_after(table, 3)
+
+
+def test_commits_removed_by_log_clean_up_are_read_from_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    table = commits(path, *range(12))
+    checkpoint(path, 10)
+    cleaned_up(path, *range(10))
+    assert PROBE.changed_since(table, 3) is True  # versions 4..11 happened
+    assert PROBE.changed_since(table, 11) is False
+    checkpoint(path, 11)
+    cleaned_up(path, 10, 11)  # the log holds only the checkpoint at 11 now
+    assert PROBE.changed_since(table, 11) is False
+
+
+def test_a_dropped_or_younger_table_no_longer_holds_the_version(tmp_path: Path) -> None:
+    assert PROBE.changed_since(str(tmp_path / "nothing"), 4) is None
+    table = commits(tmp_path / "t", 0, 1)  # replaced by a table with two versions
+    assert PROBE.changed_since(table, 4) is None
+
+
+class RoundTrips(DeltaLogProbe):
+    """A probe whose answers come from a dict, noting the thread each one ran on."""
+
+    def __init__(self, answers: dict[str, bool | None]) -> None:
+        super().__init__(cast(SparkSession, None), remote_threads=4)
+        self.answers = answers
+        self.threads: dict[str, str] = {}
+
+    def changed_since(self, location: str, version: int) -> bool | None:
+        self.threads[location] = threading.current_thread().name
+        return self.answers[location]
+
+
+def test_many_probes_answer_in_order_and_object_stores_are_asked_at_once() -> None:
+    answers = {"s3a://b/t1": True, "/data/t2": False, "s3a://b/t3": None, "abfss://c@a/t4": False}
+    probe = RoundTrips(answers)
+    assert probe.changed_since_all([(loc, 1) for loc in answers]) == list(answers.values())
+    assert probe.threads["/data/t2"] == threading.current_thread().name
+    remote = {probe.threads[loc] for loc in answers if "://" in loc}
+    assert all(name.startswith("lakeprop-probe") for name in remote)
