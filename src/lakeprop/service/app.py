@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from pyspark.errors import StreamingQueryException
@@ -28,6 +30,12 @@ from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, RE
 from lakeprop.tables.resolve import Tables
 
 log = logging.getLogger(__name__)
+
+
+def _all(pool: ThreadPoolExecutor, *steps: Callable[[], None]) -> None:
+    """Run ``steps`` on ``pool`` and wait for them all; the first failure is raised."""
+    for future in [pool.submit(step) for step in steps]:
+        future.result()
 
 
 class PropagationApp:
@@ -73,12 +81,14 @@ class PropagationApp:
         self.dirty.announce((notice.database, notice.table), notice.version, time.time())
 
     def prepare(self) -> None:
-        """Create the state tables, load the catalog, roll it forward from the history."""
-        self.catalog.ensure()
-        self.outcomes.ensure()
-        self.history.ensure()
-        self.catalog.load()
-        self.outcomes.load()
+        """Create the state tables, load the catalog, roll it forward from the history.
+
+        The tables are independent until the roll-forward: they are created and
+        read at once (tables created now are empty and not read at all).
+        """
+        with ThreadPoolExecutor(3, "lakeprop-prepare") as pool:
+            _all(pool, self.catalog.ensure, self.outcomes.ensure, self.history.ensure)
+            _all(pool, self.catalog.load, self.outcomes.load)
         self.roll_forward()
 
     def roll_forward(self) -> int:

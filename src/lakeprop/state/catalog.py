@@ -308,13 +308,14 @@ class JobCatalog:
         """The rows as the Delta table holds them."""
         self._dirty: set[JobRef] = set()
         self._staged: set[JobRef] = set()
+        self._created = False
 
     def ensure(self) -> None:
-        state.ensure_table(self.spark, self.path, CATALOG_SCHEMA)
+        self._created = state.ensure_table(self.spark, self.path, CATALOG_SCHEMA)
 
     def load(self) -> None:
         """Read every row from Delta (at start-up; afterwards memory is kept in step)."""
-        rows = state.read_table(self.spark, self.path).collect()
+        rows = [] if self._created else state.read_table(self.spark, self.path).collect()
         self._rows = {r.row_id: r for r in map(CatalogRow.from_spark, rows)}
         self._durable = dict(self._rows)
 

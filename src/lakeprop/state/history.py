@@ -121,14 +121,16 @@ class IterationHistory:
     def __init__(self, spark: SparkSession, path: str) -> None:
         self.spark = spark
         self.path = path
+        self._created = False
 
     def ensure(self) -> None:
-        state.ensure_table(self.spark, self.path, HISTORY_SCHEMA)
+        self._created = state.ensure_table(self.spark, self.path, HISTORY_SCHEMA)
 
     def record(self, records: Sequence[IterationRecord]) -> None:
         """Append (a result is recorded once: after a crash it is gone, not replayed)."""
         rows = [r.as_tuple() for r in records]
         if rows:
+            self._created = False
             frame = self.spark.createDataFrame(rows, HISTORY_SCHEMA)
             # mergeSchema: a history table of an earlier release gains the new columns
             frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
@@ -136,6 +138,8 @@ class IterationHistory:
     def latest_success(self) -> dict[tuple[int, str | None], tuple[int, datetime]]:
         """Per job id and consumer digest: the highest version a successful member
         reached, and when (the digest is None in rows of releases without it)."""
+        if self._created:  # new, so empty
+            return {}
         members = state.read_table(self.spark, self.path).select(
             "to_version", "ended_at", F.explode("members").alias("m")
         )

@@ -121,16 +121,21 @@ class OutcomeTables:
         self.spark = spark
         self.requests_path = requests_path
         self.rejects_path = rejects_path
+        self._created = False
         self._highest: dict[tuple[str, int], int] | None = None
         """Per topic partition, the highest offset with a verdict written: a message
         above it cannot have one, so its batch is no replay (None: read it first)."""
 
     def ensure(self) -> None:
-        state.ensure_table(self.spark, self.requests_path, REQUESTS_SCHEMA)
-        state.ensure_table(self.spark, self.rejects_path, REJECTS_SCHEMA)
+        created = state.ensure_table(self.spark, self.requests_path, REQUESTS_SCHEMA)
+        created &= state.ensure_table(self.spark, self.rejects_path, REJECTS_SCHEMA)
+        self._created = created
 
     def load(self) -> None:
         """Learn the highest offset with a verdict per partition (at every start)."""
+        if self._created:  # both tables are new, so empty
+            self._highest = {}
+            return
         written = (
             state.read_table(self.spark, self.requests_path)
             .select(*COORDINATE_KEYS)

@@ -18,15 +18,24 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from lakeprop.tables.probe import DeltaLogProbe
+
 CATALOG_TABLE = "catalog"
 REQUESTS_TABLE = "requests"
 REJECTS_TABLE = "rejects"
 HISTORY_TABLE = "iterations"
 
 
-def ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
-    """Create the Delta table at ``path`` with ``schema`` unless it exists."""
+def ensure_table(spark: SparkSession, path: str, schema: StructType) -> bool:
+    """Create the Delta table at ``path`` with ``schema`` unless it exists.
+
+    True when it was created now: it is empty, so nothing need read it. An
+    existing table is found from a listing of its log (no Spark job).
+    """
+    if DeltaLogProbe(spark).latest_version(path) is not None:
+        return False
     DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
+    return True
 
 
 def read_table(spark: SparkSession, path: str) -> DataFrame:
