@@ -136,3 +136,23 @@ def diy_merge(spark: SparkSession, target: str, changes: DataFrame, key: str) ->
         )
         .execute()
     )
+
+
+def query_reached(query: Any, version: int) -> bool:
+    """True once the query has processed every change of ``version``."""
+    progress = query.lastProgress
+    if not progress or not progress["sources"]:
+        return False
+    offset = progress["sources"][0]["endOffset"]
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return False
+    if not isinstance(offset, dict) or "reservoirVersion" not in offset:
+        return False
+    # After the last version v the offset rests at (v, index of its last file) once
+    # no data is left; while more versions follow it moves on to (v + 1, -1).
+    reached, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
+    idle = not query.status["isDataAvailable"] and not query.status["isTriggerActive"]
+    return reached > version or (reached == version and index >= 0 and idle)

@@ -12,7 +12,6 @@ version. The check: every replica of both sides equals its source.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from bench.common import (
     cdf_table,
     diy_merge,
     latest_version,
+    query_reached,
     same_rows,
     stopwatch,
     wait_until,
@@ -178,28 +178,8 @@ def _diy(
         with stopwatch() as elapsed:
             for step in steps:
                 apply_commit(spark, path, step)
-            wait_until(lambda: all(_reached(q, final) for q in queries), 600, 0.02)
+            wait_until(lambda: all(query_reached(q, final) for q in queries), 600, 0.02)
     finally:
         for q in queries:
             q.stop()
     return elapsed[0]
-
-
-def _reached(query: Any, version: int) -> bool:
-    """True once the query has processed every change of ``version``."""
-    progress = query.lastProgress
-    if not progress or not progress["sources"]:
-        return False
-    offset = progress["sources"][0]["endOffset"]
-    if isinstance(offset, str):
-        try:
-            offset = json.loads(offset)
-        except ValueError:
-            return False
-    if not isinstance(offset, dict) or "reservoirVersion" not in offset:
-        return False
-    # After the last version v the offset rests at (v, index of its last file) once
-    # no data is left; while more versions follow it moves on to (v + 1, -1).
-    reached, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
-    idle = not query.status["isDataAvailable"] and not query.status["isTriggerActive"]
-    return reached > version or (reached == version and index >= 0 and idle)

@@ -228,3 +228,4 @@ def test_with_notifications_only_announced_tables_are_probed_and_a_sweep_finds_t
         version = append(spark, paths["untold"], range(5, 9))
         wait_for_watermark(spark, swept, keys["untold"], version)
         assert_copied("untold")
+    client.close()
