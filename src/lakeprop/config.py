@@ -40,6 +40,7 @@ _DURATIONS = {
     "retry_base",
     "retry_max",
     "watermark_flush_interval",
+    "status_flush_interval",
     "gc_interval",
     "gc_retention",
     "sweep_interval",
@@ -171,6 +172,13 @@ class EngineConfig:
     retry_max: float = 300.0
     watermark_flush_interval: float = 3600.0
     """How often fresh watermark times of idle jobs are written to the catalog."""
+    status_flush_interval: float = 30.0
+    """How often the catalog table catches up with advanced watermarks and statuses.
+
+    A watermark is durable once its iteration's history row is written (a
+    restart rolls the catalog forward from the history, and the client reads
+    it there too), so a tick that only advances watermarks commits no catalog.
+    """
     gc_interval: float = 3600.0
     gc_retention: float = 86400.0
     """Dropped jobs' catalog rows are removed this long after their drop."""

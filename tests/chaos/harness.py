@@ -616,10 +616,10 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
     def catch_up(self, config: Path) -> None:
         service = InProcessService(self.spark, load_config(str(config))).start()
         self.report.cycles += 1
-        # the state is read again only after a commit to the catalog or the verdicts
+        # the state is read again only after a commit to the catalog, history or verdicts
         watches = [
             TableWatch(self.spark, self.state.table_path(name))
-            for name in (state.CATALOG_TABLE, state.REQUESTS_TABLE)
+            for name in (state.CATALOG_TABLE, state.HISTORY_TABLE, state.REQUESTS_TABLE)
         ]
         try:
             deadline = time.monotonic() + self.settings.catch_up_timeout
@@ -640,17 +640,14 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
     def caught_up(self) -> bool:
         try:
             requests = self._state(state.REQUESTS_TABLE).count()
-            catalog = self._state(state.CATALOG_TABLE).where("drop_at IS NULL").collect()
+            jobs = self.client.list_jobs()  # watermarks from the catalog and the history
         except Exception:
             return False
         latest = {t: self.version(t) for t in TABLES}
         return (
             requests >= len(self.receipts)
-            and all(
-                r["watermark"] == latest[r["table"]] and r["job_state"] == "completed"
-                for r in catalog
-            )
-            and len(catalog) == len(self.specs)
+            and all(j.watermark == latest[j.key.table] for j in jobs)
+            and len(jobs) == len(self.specs)
         )
 
     def version(self, table: str) -> int:

@@ -11,7 +11,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop.client.api import TableWatch
+from lakeprop.client.api import LakepropClient, TableWatch
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
@@ -124,7 +124,9 @@ def latest_version(spark: SparkSession, path: str) -> int:
     return version
 
 
-def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> Any:
+def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> dict[str, Any]:
+    """The live job as the client sees it: its catalog row, with the watermark its
+    iteration history records where that is ahead (the catalog catches up on flush)."""
     rows = (
         catalog_df(spark, config)
         .where(
@@ -137,7 +139,14 @@ def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> Any:
         .collect()
     )
     assert len(rows) == 1, rows
-    return rows[0]
+    job = LakepropClient(config.kafka, config.state, spark).get_job_status(key)
+    assert job is not None and job.job_id == rows[0]["job_id"], (job, rows)
+    return {
+        "job_id": job.job_id,
+        "watermark": job.watermark,
+        "job_state": job.state,
+        "job_status": json.dumps(job.status, separators=(",", ":")),
+    }
 
 
 def wait_for_watermark(
@@ -153,7 +162,10 @@ def wait_for_watermark(
         return row
 
     return assert_eventually(
-        reached, timeout=timeout, interval=0.25, changes=watches(spark, config, "catalog")
+        reached,
+        timeout=timeout,
+        interval=0.25,
+        changes=watches(spark, config, state.CATALOG_TABLE, state.HISTORY_TABLE),
     )
 
 

@@ -199,3 +199,43 @@ def test_a_backlog_is_caught_up_in_bounded_iterations_and_ends_equal_to_the_sour
     assert tails[0][0] == 0 and tails[-1][1] == final
     assert all(b[0] == a[1] for a, b in itertools.pairwise(tails))
     assert all(0 < to - start <= 2 for start, to in tails)
+
+
+def test_advancing_watermarks_commit_only_the_history_and_the_catalog_catches_up_on_flush(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    from dataclasses import replace
+
+    path = cdf_source(spark, app_config, "shop", "quick")
+    # no status flush while it runs: a tick that advances watermarks commits no catalog
+    config = replace(app_config, engine=replace(app_config.engine, status_flush_interval=3600.0))
+    key = JobKey(1, "shop", "quick", "copy")
+    client = LakepropClient(config.kafka, config.state, spark)
+    client.register_job(key, replica(["id"], {"kind": "greedy"}))
+    catalog_path = config.state.table_path("catalog")
+    with running(spark, config) as app:
+        wait_for_watermark(spark, config, key, 0)
+        catalog_version = latest_version(spark, catalog_path)
+        for step in commit_steps(spark, path):
+            step()
+            version = latest_version(spark, path)
+            wait_for_watermark(spark, config, key, version)  # the client reads the history
+            assert_df_equality(
+                target(spark, config, "shop", "quick_copy"),
+                source_at(spark, path, version, ["id", "name", "amount"]),
+                ignore_row_order=True,
+            )
+        final = version
+        assert latest_version(spark, catalog_path) == catalog_version
+        (stored,) = spark.read.format("delta").load(catalog_path).collect()
+        assert stored["watermark"] in (None, 0)  # behind the data, as a crash would leave it
+        assert next(r for r in app.catalog.rows() if r.key == key).watermark == final
+
+    # the shutdown flushed it; a restart rolls nothing forward and runs nothing
+    (stored,) = spark.read.format("delta").load(catalog_path).collect()
+    assert (stored["watermark"], stored["job_state"]) == (final, "completed")
+    tails = history(spark, config).where("kind = 'tail'").count()
+    with running(spark, config) as app:
+        assert app.roll_forward() == 0
+        assert client.get_job_status(key).watermark == final  # type: ignore[union-attr]
+    assert history(spark, config).where("kind = 'tail'").count() == tails

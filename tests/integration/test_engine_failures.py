@@ -110,7 +110,7 @@ def test_a_temporary_failure_is_retried_with_backoff_and_a_permanent_one_stops_t
     client.register_job(flaky, spec("flaky"))
     client.register_job(broken, spec("broken"))
     with running(spark, app_config) as app:
-        row = wait_for_watermark(spark, app_config, flaky, 0)
+        wait_for_watermark(spark, app_config, flaky, 0)
 
         def broken_in_error() -> dict:
             r = job_row(spark, app_config, broken)
@@ -128,6 +128,7 @@ def test_a_temporary_failure_is_retried_with_backoff_and_a_permanent_one_stops_t
         )
         wait_for_watermark(spark, app_config, broken, 0)
 
+    row = job_row(spark, app_config, flaky)  # the status, as the shutdown flushed it
     attempts = member_outcomes(spark, app_config, row["job_id"])
     assert [code for _, code in attempts] == [ErrorCode.UNKNOWN_TEMPORARY] * 2 + [0]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(attempts)]
@@ -205,7 +206,8 @@ def test_a_vacuumed_range_falls_back_to_a_full_resync(
     latest = latest_version(spark, path)
 
     with running(spark, app_config):
-        row = wait_for_watermark(spark, app_config, key, latest)
+        wait_for_watermark(spark, app_config, key, latest)
+    row = job_row(spark, app_config, key)  # the status, as the shutdown flushed it
     assert_df_equality(
         spark.read.format("delta").load(f"{app_config.tables.warehouse}/s/vac_copy"),
         spark.read.format("delta").load(path),

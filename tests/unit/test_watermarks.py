@@ -19,6 +19,7 @@ from lakeprop.engine.watermarks import advance
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobSpec
 from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.history import consumer_digest, rolled_forward
 from lakeprop.state.status import EMPTY_STATUS, JobState
 
 SPEC = JobSpec.from_json(
@@ -100,3 +101,33 @@ def test_results_of_dropped_or_respecified_jobs_are_ignored() -> None:
     assert run(result(), row=replace(ROW, drop_at=datetime(2026, 1, 2)))[0] == {}
     assert run(result(consumer='{"other":1}'))[0] == {}
     assert run(result(to=2))[0] == {}  # older than the watermark already held
+
+
+# -- the history's watermarks ------------------------------------------------------------
+
+DIGEST = consumer_digest(CONSUMER)
+WHEN = datetime(2026, 1, 2)
+
+
+def test_the_history_rolls_a_row_forward_to_what_its_consumer_reached() -> None:
+    ahead = rolled_forward(ROW, {(7, DIGEST): (9, WHEN)})
+    assert ahead == replace(ROW, watermark=9, watermark_ts=WHEN, job_state=JobState.COMPLETED)
+
+
+def test_progress_of_an_earlier_consumer_of_the_job_does_not_count() -> None:
+    assert rolled_forward(ROW, {(7, consumer_digest("{}")): (9, WHEN)}) is None
+    assert rolled_forward(ROW, {(8, DIGEST): (9, WHEN)}) is None  # another job
+
+
+def test_history_rows_without_a_digest_count_for_the_job() -> None:
+    assert rolled_forward(ROW, {(7, None): (4, WHEN)}) is not None
+
+
+def test_a_row_level_with_or_ahead_of_the_history_or_dropped_stays() -> None:
+    assert rolled_forward(ROW, {(7, DIGEST): (3, WHEN)}) is None
+    assert rolled_forward(ROW, {(7, DIGEST): (2, WHEN)}) is None
+    assert rolled_forward(replace(ROW, drop_at=WHEN), {(7, DIGEST): (9, WHEN)}) is None
+    fresh = replace(ROW, watermark=None)  # registered, not synced yet
+    assert rolled_forward(fresh, {(7, DIGEST): (0, WHEN)}) == replace(
+        fresh, watermark=0, watermark_ts=WHEN, job_state=JobState.COMPLETED
+    )

@@ -5,8 +5,10 @@ idempotence and ``acks=all``; each call returns only once the broker has
 confirmed the message, and raises :class:`~lakeprop.errors.DeliveryError`
 otherwise. The service applies the message in its next micro-batch; reads
 (``get_job_status``, ``list_jobs``, ``wait_for_outcome``,
-``wait_for_watermark``) look at the catalog and requests Delta tables, so they
-need a SparkSession.
+``wait_for_watermark``) look at the catalog, history and requests Delta tables,
+so they need a SparkSession. A job's watermark is the later of the catalog's
+and the one its iteration history records: the service writes the catalog's
+watermarks on its status flush, the history at the end of every iteration.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from lakeprop.notifications import CommitNotice, ensure_notice_topic
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.status import JobState
-from lakeprop.state.store import CATALOG_TABLE, REQUESTS_TABLE
+from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE
 from lakeprop.tables.probe import DeltaLogProbe
 
 LATEST = "latest"
@@ -282,6 +285,19 @@ class LakepropClient:
             df = df.where(condition)
         return [CatalogRow.from_spark(r) for r in df.collect()]
 
+    def _with_progress(
+        self, rows: list[CatalogRow], database: str | None = None, table: str | None = None
+    ) -> list[CatalogRow]:
+        """The rows with the watermarks the iteration history records, where ahead."""
+        path = self.state.table_path(HISTORY_TABLE)
+        if (
+            not any(r.is_live for r in rows)
+            or DeltaLogProbe(self.spark).latest_version(path) is None
+        ):
+            return rows
+        reached = IterationHistory(self.spark, path).latest_success(database, table)
+        return [rolled_forward(r, reached) or r for r in rows]
+
     def get_job_status(self, key: JobKey) -> JobInfo | None:
         """The live job with this key, or else its most recently dropped one."""
         rows = self._catalog_rows(
@@ -293,6 +309,7 @@ class LakepropClient:
         if not rows:
             return None
         best = max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id))
+        (best,) = self._with_progress([best], key.database, key.table)
         return JobInfo.from_row(best)
 
     def list_jobs(
@@ -309,7 +326,7 @@ class LakepropClient:
             condition &= F.col("account_id") == account_id
         if not include_dropped:
             condition &= F.col("drop_at").isNull()
-        rows = self._catalog_rows(condition)
+        rows = self._with_progress(self._catalog_rows(condition))
         return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
 
     def request_outcome(self, request_id: str) -> dict[str, Any] | None:
@@ -374,7 +391,8 @@ class LakepropClient:
         and :class:`TemporaryError` when the timeout passes first, saying
         where the job stands. A job that is not live yet (the service has not
         applied its register, or it was dropped and is being registered again)
-        is waited for. The catalog is read again only after a new commit to it.
+        is waited for. The job is read again only after a new commit to the
+        catalog or the iteration history.
         """
         if version == LATEST:
             target = self.source_version(key.database, key.table)
@@ -385,10 +403,13 @@ class LakepropClient:
                 f"version must be a Delta version (>= 0) or {LATEST!r}, got {version!r}"
             )
         deadline = time.monotonic() + timeout
-        watch = TableWatch(self.spark, self.state.table_path(CATALOG_TABLE))
+        watches = [
+            TableWatch(self.spark, self.state.table_path(name))
+            for name in (CATALOG_TABLE, HISTORY_TABLE)
+        ]
         job: JobInfo | None = None
         while True:
-            if watch.changed():
+            if any([w.changed() for w in watches]):
                 job = self._job(key)
             if job is not None and job.drop_at is None:
                 if job.watermark is not None and job.watermark >= target:

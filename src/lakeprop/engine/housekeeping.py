@@ -1,10 +1,13 @@
-"""Housekeeping on intervals: flush in-memory watermark times, collect dropped jobs.
+"""Housekeeping on intervals: flush in-memory catalog changes, collect dropped jobs.
 
-The seed keeps watermarks in memory and flushes them periodically; here that is
-the ``watermark_ts`` of idle jobs found fresh by trigger selection (and the
-transient pending/running states), written by one catalog commit every
-``engine.watermark_flush_interval``. Dropped jobs stay in the catalog for
-``engine.gc_retention`` and are then deleted, every ``engine.gc_interval``.
+The seed keeps watermarks in memory and flushes them periodically. Here memory
+holds the watermarks iterations advanced (durable already in the iteration
+history), the ``watermark_ts`` of idle jobs found fresh by trigger selection,
+and the transient pending/running states. One catalog commit writes them: every
+``engine.status_flush_interval`` while a watermark or status has advanced, and
+every ``engine.watermark_flush_interval`` otherwise. Dropped jobs stay in the
+catalog for ``engine.gc_retention`` and are then deleted, every
+``engine.gc_interval``.
 """
 
 from __future__ import annotations
@@ -32,11 +35,16 @@ class Housekeeping:
 
     def run(self, now: float) -> list[JobRef]:
         """Flush and collect when their intervals have passed; the jobs collected."""
-        if now - self._last_flush >= self.engine.watermark_flush_interval:
+        since = now - self._last_flush
+        interval = self.engine.watermark_flush_interval
+        if self.catalog.behind:
+            interval = min(interval, self.engine.status_flush_interval)
+        if since >= interval:
             fault_point("watermarks.flush")
             flushed = self.catalog.flush()
             self._last_flush = now
-            log.info("flushed the watermark times of %d idle job(s)", flushed)
+            if flushed:
+                log.info("flushed %d job(s) changed in memory to the catalog", flushed)
         if now - self._last_gc < self.engine.gc_interval:
             return []
         self._last_gc = now

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -23,9 +22,8 @@ from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.runner import Runner
 from lakeprop.service.stream import start_query
 from lakeprop.state.catalog import JobCatalog
-from lakeprop.state.history import IterationHistory, consumer_digest
+from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
-from lakeprop.state.status import JobState
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.tables.resolve import Tables
 
@@ -92,24 +90,18 @@ class PropagationApp:
         self.roll_forward()
 
     def roll_forward(self) -> int:
-        """Advance watermarks the consumers already reached (crash after the history write).
+        """Advance watermarks the consumers already reached, as the history records.
 
         A successful iteration's history row is written after its consumers'
-        writes and before the catalog update; a crash between the last two leaves
-        the catalog behind the data, and this puts it level again.
+        writes; the catalog table catches up on the flush, so after a crash it
+        is behind the data, and this puts it level again.
         """
         reached = self.history.latest_success()
         rows = {}
         for row in self.catalog.rows():
-            # only what the job's current consumer reached: after a consumer change
-            # the old consumer's progress is not the new one's (it starts from a snapshot)
-            done = reached.get((row.job_id, consumer_digest(row.consumer_spec()))) or reached.get(
-                (row.job_id, None)
-            )
-            if row.is_live and done and (row.watermark is None or done[0] > row.watermark):
-                rows[row.row_id] = replace(
-                    row, watermark=done[0], watermark_ts=done[1], job_state=JobState.COMPLETED
-                )
+            ahead = rolled_forward(row, reached)
+            if ahead is not None:
+                rows[row.row_id] = ahead
         self.catalog.commit(rows)
         if rows:
             log.info("rolled %d job watermark(s) forward from the iteration history", len(rows))
@@ -232,6 +224,7 @@ class PropagationApp:
         if self.scheduler.started:
             self.runner.record_results(self.scheduler.shutdown())
             self.catalog.commit_staged()
+            self.catalog.flush()  # the table shows where every job stopped
         if self.notices is not None:
             self.notices.stop()
         if self._locked:

@@ -1,8 +1,10 @@
 """The runner: what happens in every micro-batch (``foreachBatch``), every tick.
 
-1. Finished iterations: their history rows are written, then their jobs'
-   watermarks, states and statuses (the history is the commit record the
-   catalog is rolled forward from after a crash between the two).
+1. Finished iterations: their history rows are written, which makes their
+   jobs' new watermarks durable (a restart rolls the catalog forward from the
+   history, and the client reads watermarks there too). The catalog keeps the
+   watermarks and statuses in memory, for the flush; only an error is
+   committed at once.
 2. The change log: decode each message, record its verdict (requests,
    rejects), apply the valid ones to the catalog. Verdicts are written before
    the catalog so that a replay skips what the catalog holds and keeps the
@@ -14,8 +16,10 @@
    to the scheduler and run on while this micro-batch returns. Their jobs turn
    pending, then running, in memory only: the catalog table is written when
    something durable changes.
-4. Housekeeping on intervals (:mod:`lakeprop.engine.housekeeping`).
-5. One catalog commit of what changed durably.
+4. Housekeeping on intervals (:mod:`lakeprop.engine.housekeeping`), among it
+   the flush of what the catalog holds in memory only.
+5. One catalog commit of what changed durably (the change log, errors); a
+   tick that changed nothing durable commits nothing.
 
 Only this thread writes the catalog; workers hand their results back.
 """
@@ -256,7 +260,16 @@ class Runner:
             retry_base=self.engine.retry_base,
             retry_cap=self.engine.retry_max,
         )
-        self.catalog.stage(changed)
+        # an error (or its end) is committed now; a watermark is durable in the history
+        errors = {
+            ref: row
+            for ref, row in changed.items()
+            if JobState.ERROR in (row.job_state, rows[ref].job_state)
+        }
+        self.catalog.stage(errors)
+        self.catalog.remember(
+            (row for ref, row in changed.items() if ref not in errors), progress=True
+        )
         return len(results)
 
     # -- 2. the change log --------------------------------------------------------------

@@ -292,12 +292,15 @@ def apply_commands(
 class JobCatalog:
     """The catalog rows in memory, backed by a Delta table (the durable truth).
 
-    Only the micro-batch thread changes it. Changes of one micro-batch are
-    staged in memory and written with one commit at its end
-    (:meth:`commit_staged`); if that write fails the query fails and a restart
-    reloads the table. Changes that need not be durable at once (a fresh
-    watermark time of an idle job) stay in memory until :meth:`flush`, as the
-    seed's in-memory watermark does.
+    Only the micro-batch thread changes it. Changes that must be durable (the
+    change log's, an error) are staged in memory and written with one commit at
+    the end of the micro-batch (:meth:`commit_staged`); if that write fails the
+    query fails and a restart reloads the table. Changes that need not be
+    durable at once stay in memory until :meth:`flush`, as the seed's in-memory
+    watermark does: a fresh watermark time of an idle job, a transient state,
+    and an advanced watermark, whose durable record is the iteration history
+    (:meth:`remember` with ``progress``). Every write is of the whole table, so
+    a commit takes along whatever memory holds.
     """
 
     def __init__(self, spark: SparkSession, path: str) -> None:
@@ -307,6 +310,8 @@ class JobCatalog:
         self._durable: dict[JobRef, CatalogRow] = {}
         """The rows as the Delta table holds them."""
         self._dirty: set[JobRef] = set()
+        self._progress: set[JobRef] = set()
+        """Dirty rows whose watermark or status advanced (flushed more often)."""
         self._staged: set[JobRef] = set()
         self._created = False
 
@@ -343,16 +348,30 @@ class JobCatalog:
         self._staged.update(rows)
 
     def commit_staged(self) -> int:
+        """Write the staged rows, and with them every row changed only in memory."""
         staged = {rid: self._rows[rid] for rid in self._staged if rid in self._rows}
         self._staged.clear()
-        self.commit(staged)
+        if staged:
+            unflushed = {rid: self._rows[rid] for rid in self._dirty if rid in self._rows}
+            self.commit({**unflushed, **staged})
         return len(staged)
 
-    def remember(self, rows: Iterable[CatalogRow]) -> None:
-        """Change rows in memory only; :meth:`flush` writes them later."""
+    def remember(self, rows: Iterable[CatalogRow], *, progress: bool = False) -> None:
+        """Change rows in memory only; :meth:`flush` writes them later.
+
+        ``progress``: the rows carry advanced watermarks or statuses, which the
+        catalog table should show sooner than idle times (:attr:`behind`).
+        """
         for row in rows:
             self._rows[row.row_id] = row
             self._dirty.add(row.row_id)
+            if progress:
+                self._progress.add(row.row_id)
+
+    @property
+    def behind(self) -> bool:
+        """Whether memory holds advanced watermarks or statuses the table does not."""
+        return bool(self._progress)
 
     def flush(self) -> int:
         """Write the rows changed only in memory.
@@ -390,6 +409,7 @@ class JobCatalog:
         for row in doomed:
             self._rows.pop(row.row_id, None)
             self._dirty.discard(row.row_id)
+            self._progress.discard(row.row_id)
             self._staged.discard(row.row_id)
 
     def commit(self, upserts: Mapping[JobRef, CatalogRow]) -> None:
@@ -399,3 +419,4 @@ class JobCatalog:
         self._write({**self._durable, **upserts})
         self._rows.update(upserts)
         self._dirty.difference_update(upserts)
+        self._progress.difference_update(upserts)

@@ -10,8 +10,8 @@ a gap nor an overlap in its version ranges.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +28,11 @@ from pyspark.sql.types import (
 )
 
 from lakeprop.state import store as state
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.status import JobState
+
+Reached = Mapping[tuple[int, "str | None"], tuple[int, datetime]]
+"""Per job id and consumer digest: the last version a success reached, and when."""
 
 # Delta accepts no NOT NULL constraint nested in an array: member fields are nullable.
 MEMBER_SCHEMA = StructType(
@@ -135,14 +140,21 @@ class IterationHistory:
             # mergeSchema: a history table of an earlier release gains the new columns
             frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
 
-    def latest_success(self) -> dict[tuple[int, str | None], tuple[int, datetime]]:
+    def latest_success(
+        self, database: str | None = None, table: str | None = None
+    ) -> dict[tuple[int, str | None], tuple[int, datetime]]:
         """Per job id and consumer digest: the highest version a successful member
-        reached, and when (the digest is None in rows of releases without it)."""
+        reached, and when (the digest is None in rows of releases without it).
+
+        ``database`` and ``table`` narrow it to one source table's jobs (Delta
+        skips the files of other tables by their statistics).
+        """
         if self._created:  # new, so empty
             return {}
-        members = state.read_table(self.spark, self.path).select(
-            "to_version", "ended_at", F.explode("members").alias("m")
-        )
+        df = state.read_table(self.spark, self.path)
+        if database is not None and table is not None:
+            df = df.where((F.col("database") == database) & (F.col("table") == table))
+        members = df.select("to_version", "ended_at", F.explode("members").alias("m"))
         digest = (
             F.col("m.consumer_digest")
             if "consumer_digest" in members.schema["m"].dataType.fieldNames()  # type: ignore[attr-defined]
@@ -158,3 +170,18 @@ class IterationHistory:
             (r["job_id"], r["digest"]): (r["last"]["to_version"], r["last"]["ended_at"])
             for r in rows
         }
+
+
+def rolled_forward(row: CatalogRow, reached: Reached) -> CatalogRow | None:
+    """``row`` with the watermark the history shows its job reached, if that is ahead.
+
+    Only what the job's current consumer reached counts: after a consumer
+    change the old consumer's progress is not the new one's (it starts from a
+    snapshot). None when the row is already level (or the job is dropped).
+    """
+    done = reached.get((row.job_id, consumer_digest(row.consumer_spec()))) or reached.get(
+        (row.job_id, None)
+    )
+    if not row.is_live or done is None or (row.watermark is not None and done[0] <= row.watermark):
+        return None
+    return replace(row, watermark=done[0], watermark_ts=done[1], job_state=JobState.COMPLETED)
