@@ -164,6 +164,10 @@ class EngineConfig:
     """Iterations that run at once (one thread and FAIR pool each)."""
     max_versions_per_iteration: int = 1000
     """Chunked catch-up: a tail iteration covers at most this many source versions."""
+    max_rows_per_iteration: int = 0
+    """Chunked catch-up: a tail iteration covers at most this many change rows, as the
+    commits' operation metrics in the Delta log count them (0: no bound). A single
+    version is never split."""
     consumer_threads: int = 4
     """Consumers of one iteration that write at once (each on its own session)."""
     iteration_timeout: float = 3600.0
@@ -189,6 +193,11 @@ class EngineConfig:
         _positive(self.workers, "engine.workers")
         _positive(self.consumer_threads, "engine.consumer_threads")
         _positive(self.max_versions_per_iteration, "engine.max_versions_per_iteration")
+        if self.max_rows_per_iteration < 0:
+            raise InvalidConfigError(
+                "engine.max_rows_per_iteration must be 0 (no bound) or positive, "
+                f"got {self.max_rows_per_iteration}"
+            )
         _positive(self.max_query_restarts, "engine.max_query_restarts")
         for f in fields(self):
             if f.name in _DURATIONS:

@@ -239,3 +239,35 @@ def test_advancing_watermarks_commit_only_the_history_and_the_catalog_catches_up
         assert app.roll_forward() == 0
         assert client.get_job_status(key).watermark == final  # type: ignore[union-attr]
     assert history(spark, config).where("kind = 'tail'").count() == tails
+
+
+def test_a_backlog_is_cut_into_iterations_of_at_most_max_rows_change_rows(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    from dataclasses import replace
+
+    path = cdf_source(spark, app_config, "shop", "rows")  # version 0
+    config = replace(app_config, engine=replace(app_config.engine, max_rows_per_iteration=25))
+    key = JobKey(1, "shop", "rows", "copy")
+    client = LakepropClient(config.kafka, config.state, spark)
+    client.register_job(key, replica(["id"], {"kind": "default"}))
+    with running(spark, config):
+        wait_for_watermark(spark, config, key, 0)
+    # a backlog while the service is stopped: 20 inserts; 6 updates (12 change rows);
+    # 4 deletes; a merge of 1 update and 2 inserts (4)
+    for step in commit_steps(spark, path):
+        step()
+    final = latest_version(spark, path)
+    with running(spark, config):
+        wait_for_watermark(spark, config, key, final)
+    assert_df_equality(
+        target(spark, config, "shop", "rows_copy"),
+        source_at(spark, path, final, ["id", "name", "amount"]),
+        ignore_row_order=True,
+    )
+    tails = [
+        (r["from_version"], r["to_version"], r["rows_read"])
+        for r in history(spark, config).where("kind = 'tail'").orderBy("to_version").collect()
+    ]
+    # 20 + 12 is over the bound; 12 + 4 + 4 fits
+    assert tails == [(0, 1, 20), (1, 4, 20)]

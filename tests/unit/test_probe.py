@@ -7,9 +7,10 @@ import threading
 from pathlib import Path
 from typing import cast
 
+import pytest
 from pyspark.sql import SparkSession
 
-from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.probe import DeltaLogProbe, estimate_change_rows
 
 PROBE = DeltaLogProbe(cast(SparkSession, None))  # local paths never touch the session
 
@@ -80,3 +81,52 @@ def test_many_probes_answer_in_order_and_object_stores_are_asked_at_once() -> No
     assert probe.threads["/data/t2"] == threading.current_thread().name
     remote = {probe.threads[loc] for loc in answers if "://" in loc}
     assert all(name.startswith("lakeprop-probe") for name in remote)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "added", "rows"),
+    [
+        (
+            {
+                "numTargetRowsInserted": "3",
+                "numTargetRowsUpdated": "2",
+                "numTargetRowsDeleted": "1",
+                "numOutputRows": "90",
+            },
+            0,
+            8,
+        ),
+        ({"numUpdatedRows": "4", "numCopiedRows": "50"}, 0, 8),
+        ({"numDeletedRows": "5", "numCopiedRows": "50"}, 0, 5),
+        ({"numOutputRows": "7", "numFiles": "1"}, 7, 7),
+        ({}, 6, 6),  # no metrics: the rows of the files the commit added
+        ({"numOutputRows": "not a number"}, 0, 0),
+    ],
+)
+def test_change_rows_are_estimated_from_the_operation_metrics(
+    metrics: dict[str, str], added: int, rows: int
+) -> None:
+    assert estimate_change_rows(metrics, added) == rows
+
+
+def test_a_commits_change_rows_are_read_from_its_log_file(tmp_path: Path) -> None:
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    commit = [
+        {
+            "commitInfo": {
+                "operation": "MERGE",
+                "operationMetrics": {
+                    "numTargetRowsInserted": "2",
+                    "numTargetRowsUpdated": "1",
+                    "numTargetRowsDeleted": "0",
+                },
+            }
+        },
+        {"add": {"path": "a.parquet", "dataChange": True, "stats": json.dumps({"numRecords": 9})}},
+    ]
+    (log / f"{1:020d}.json").write_text("\n".join(json.dumps(a) for a in commit) + "\n")
+    blind = [{"commitInfo": {"operation": "CONVERT"}}, commit[1]]
+    (log / f"{2:020d}.json").write_text("\n".join(json.dumps(a) for a in blind) + "\n")
+    location = str(tmp_path / "t")
+    assert [PROBE.change_rows(location, v) for v in (1, 2, 3)] == [4, 9, None]

@@ -179,6 +179,21 @@ def test_a_new_trigger_kind_is_an_enum_value_and_a_planner() -> None:
     assert plan_table(T, jobs, 10, NOW).iterations == []
 
 
+def test_a_backlog_of_many_rows_is_cut_where_the_row_bound_falls_and_a_version_is_never_split() -> (
+    None
+):
+    rows = {1: 10, 2: 10, 3: 10, 4: 50, 5: None}.get  # None: a commit file gone (counts 0)
+    jobs = [job("a", watermark=0), job("g", TriggerKind.GREEDY, watermark=3)]
+    plan = plan_table(T, jobs, 5, NOW, max_versions=10, max_rows=25, change_rows=rows)
+    # 10 + 10 fit, a third 10 does not; 50 alone is over the bound but goes whole
+    assert sorted((p.from_version, p.to_version) for p in plan.iterations) == [(0, 2), (3, 4)]
+    # the version bound still applies, and no row bound means the whole backlog
+    bounded = plan_table(T, jobs, 5, NOW, max_versions=1, max_rows=1000, change_rows=rows)
+    assert sorted(p.to_version for p in bounded.iterations) == [1, 4]
+    unbounded = plan_table(T, jobs, 5, NOW, max_versions=10, change_rows=rows)
+    assert [p.to_version for p in unbounded.iterations] == [5, 5]
+
+
 def test_a_backlog_is_caught_up_in_bounded_tails() -> None:
     jobs = [job("a", watermark=3), job("b", watermark=3), job("g", TriggerKind.GREEDY, watermark=1)]
     plan = plan_table(T, jobs, 100, NOW, max_versions=10)

@@ -45,11 +45,18 @@ class TriggerSelection:
     """Probes tables and plans iterations; keeps the specs and locations it parsed."""
 
     def __init__(
-        self, tables: Tables, max_versions: int | None = None, dirty: DirtyTables | None = None
+        self,
+        tables: Tables,
+        max_versions: int | None = None,
+        dirty: DirtyTables | None = None,
+        max_rows: int = 0,
     ) -> None:
         self.tables = tables
         self.probe = tables.probe
         self.max_versions = max_versions
+        self.max_rows = max_rows
+        self._change_rows: dict[tuple[str, int], int | None] = {}
+        """Change rows per (location, version): commits never change, so read once."""
         self.dirty = dirty
         """Commit notifications: probe only what they name (None: probe every table)."""
         self._specs: dict[JobRef, tuple[str, JobSpec]] = {}
@@ -149,9 +156,26 @@ class TriggerSelection:
         if latest is None or not views:
             return
         selected.changed_tables += 1
-        table_plan = plan_table(table, views, latest, now, max_versions=self.max_versions)
+        table_plan = plan_table(
+            table,
+            views,
+            latest,
+            now,
+            max_versions=self.max_versions,
+            max_rows=self.max_rows,
+            change_rows=lambda version: self._rows_of(location, version),
+        )
         selected.plans += table_plan.iterations
         selected.fresh += table_plan.fresh
+
+    def _rows_of(self, location: str, version: int) -> int | None:
+        """A version's change rows, from its commit file (read once per version)."""
+        key = (location, version)
+        if key not in self._change_rows:
+            if len(self._change_rows) >= 100_000:
+                self._change_rows.clear()
+            self._change_rows[key] = self.probe.change_rows(location, version)
+        return self._change_rows[key]
 
     def _location(self, table: TableRef) -> str:
         if table not in self._locations:

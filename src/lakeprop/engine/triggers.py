@@ -97,12 +97,18 @@ class TableState:
     now: float
     max_versions: int | None = None
     """Chunked catch-up: a tail covers at most this many versions."""
+    max_rows: int = 0
+    """Chunked catch-up: a tail covers at most this many change rows (0: no bound)."""
+    change_rows: Callable[[int], int | None] | None = None
+    """Change rows of one version (None: unknown, counted as 0), for ``max_rows``."""
 
     def tail(self, members: Sequence[JobView], to_version: int | None = None) -> IterationPlan:
         to = self.latest if to_version is None else to_version
+        start = min(j.watermark for j in members if j.watermark is not None)
         if self.max_versions is not None:
-            start = min(j.watermark for j in members if j.watermark is not None)
             to = min(to, start + self.max_versions)
+        if self.max_rows and self.change_rows is not None:
+            to = self._rows_bound(start, to)
         return IterationPlan(
             table=self.table,
             kind=IterationKind.TAIL,
@@ -111,6 +117,17 @@ class TableState:
             priority=max(j.priority for j in members),
             planned_at=self.now,
         )
+
+    def _rows_bound(self, start: int, to: int) -> int:
+        """The last version after ``start`` whose changes fit in ``max_rows`` (at
+        least ``start + 1``: one version is never split)."""
+        assert self.change_rows is not None
+        total = 0
+        for version in range(start + 1, to + 1):
+            total += self.change_rows(version) or 0
+            if total > self.max_rows and version > start + 1:
+                return version - 1
+        return to
 
     def behind(self, kind: TriggerKind) -> list[JobView]:
         """Eligible jobs of ``kind`` with a watermark short of the latest version."""
@@ -206,15 +223,19 @@ def plan_table(
     now: float,
     planners: Mapping[TriggerKind, Planner] = PLANNERS,
     max_versions: int | None = None,
+    max_rows: int = 0,
+    change_rows: Callable[[int], int | None] | None = None,
 ) -> TablePlan:
     """The iterations due on one table, given its latest version (None: no versions).
 
-    With ``max_versions`` a tail covers at most that many versions: a backlog
-    becomes several bounded iterations, each committed before the next.
+    With ``max_versions`` a tail covers at most that many versions, and with
+    ``max_rows`` at most that many change rows (``change_rows`` counts a
+    version's): a backlog becomes several bounded iterations, each committed
+    before the next.
     """
     if latest is None:
         return TablePlan()
-    state = TableState(table, jobs, latest, now, max_versions)
+    state = TableState(table, jobs, latest, now, max_versions, max_rows, change_rows)
     iterations = plan_snapshots(state)
     for planner in planners.values():
         iterations += planner(state)

@@ -163,7 +163,9 @@ class Runner:
         self.scheduler = scheduler
         self.max_message_bytes = max_message_bytes
         self.clock = clock
-        self.selection = TriggerSelection(tables, engine.max_versions_per_iteration, dirty)
+        self.selection = TriggerSelection(
+            tables, engine.max_versions_per_iteration, dirty, engine.max_rows_per_iteration
+        )
         self.housekeeping = Housekeeping(catalog, engine, clock)
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None

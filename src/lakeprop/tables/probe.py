@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,6 +29,35 @@ class LogMetadata:
 
     table_id: str
     columns: tuple[str, ...]
+
+
+def estimate_change_rows(metrics: Mapping[str, object], added_rows: int) -> int:
+    """Change Data Feed rows a commit yields, from its ``operationMetrics``.
+
+    An update yields a pre- and a post-image, an insert or a delete one row.
+    Metrics are per operation: MERGE counts target rows inserted, updated and
+    deleted; UPDATE and DELETE their rows; a write its output rows. Without any
+    (metrics off, or an operation that records none), the rows of the files the
+    commit added, from their statistics.
+    """
+
+    def n(name: str) -> int:
+        try:
+            return int(str(metrics.get(name, 0)))
+        except ValueError:
+            return 0
+
+    if "numTargetRowsInserted" in metrics:  # MERGE
+        return (
+            n("numTargetRowsInserted") + 2 * n("numTargetRowsUpdated") + n("numTargetRowsDeleted")
+        )
+    if "numUpdatedRows" in metrics:  # UPDATE
+        return 2 * n("numUpdatedRows")
+    if "numDeletedRows" in metrics:  # DELETE
+        return n("numDeletedRows")
+    if "numOutputRows" in metrics:  # WRITE, CREATE TABLE AS SELECT, STREAMING UPDATE
+        return n("numOutputRows")
+    return added_rows
 
 
 class DeltaLogProbe:
@@ -130,6 +159,24 @@ class DeltaLogProbe:
                     columns = tuple(str(f["name"]) for f in schema["fields"])
                     return LogMetadata(str(meta["id"]), columns)
         return None
+
+    def change_rows(self, location: str, version: int) -> int | None:
+        """Estimated change rows of commit ``version`` (:func:`estimate_change_rows`),
+        read from its commit file; None when that file is gone."""
+        files = self.files_for(location)
+        path = self._log(location, self._commit(version))
+        if not files.exists(path):
+            return None
+        metrics: Mapping[str, object] = {}
+        added = 0
+        for line in files.lines(path):
+            if line.startswith('{"commitInfo"'):
+                metrics = json.loads(line)["commitInfo"].get("operationMetrics") or {}
+            elif line.startswith('{"add"'):
+                add = json.loads(line)["add"]
+                if add.get("dataChange", True) and add.get("stats"):
+                    added += int(json.loads(add["stats"]).get("numRecords", 0))
+        return estimate_change_rows(metrics, added)
 
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
