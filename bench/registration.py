@@ -3,9 +3,10 @@
 N ``register`` messages for jobs on N/5 source tables are produced to the
 change log in one round of deliveries; then the service starts and the figure
 is the time until its catalog table holds all N jobs (each verdict written,
-each source checked, the catalog committed). The engine is off here so that the N initial snapshots do
-not compete for the two cores: the figure is the change log path alone. The
-check: N ``applied`` verdicts and N live catalog jobs.
+each source checked, the catalog committed). The engine is off here so that
+the N initial snapshots do not compete for the two cores: the figure is the
+change log path alone. The check: N ``applied`` verdicts and N live catalog
+jobs.
 """
 
 from __future__ import annotations

@@ -132,6 +132,8 @@ def run(
             "log_p50_s": phase("log", 0.5),
             "catalog_p50_s": phase("catalog", 0.5),
             "catalog_p95_s": phase("catalog", 0.95),
+            "housekeeping_p50_s": phase("housekeeping", 0.5),
+            "housekeeping_max_s": max(t.phases.get("housekeeping", 0.0) for t in timings),
             "results_p50_s": phase("results", 0.5),
             "results_p95_s": phase("results", 0.95),
             "spark_jobs_in_selection": selection_jobs,

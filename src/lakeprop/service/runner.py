@@ -212,6 +212,9 @@ class Runner:
             with timed("selection"):
                 if self.scheduler.started:
                     self.tick()
+            with timed("housekeeping"):
+                if self.scheduler.started:
+                    self.keep_house()
             with timed("catalog"):
                 if self.catalog.commit_staged():
                     fault_point("catalog.written")
@@ -305,7 +308,7 @@ class Runner:
     # -- 3. trigger selection -----------------------------------------------------------
 
     def tick(self) -> TickSummary:
-        """Select the due iterations, submit them, and keep house."""
+        """Select the due iterations and submit them."""
         now = self.clock()
         changed = self._running_now()
         rows = {**self.catalog.by_id(), **changed}
@@ -323,9 +326,6 @@ class Runner:
         self.catalog.remember(
             replace(rows[ref], watermark_ts=stamp) for ref in selected.fresh if ref not in changed
         )
-        for ref in self.housekeeping.run(now):
-            self.selection.forget(ref)
-            self.retries.pop(ref, None)
         self.last_tick = TickSummary(
             selected.probed, selected.changed_tables, len(selected.plans), len(selected.fresh)
         )
@@ -371,6 +371,15 @@ class Runner:
             plan.to_version,
             [m.job_id for m in plan.members],
         )
+
+    # -- 4. housekeeping ----------------------------------------------------------------
+
+    def keep_house(self) -> None:
+        """Flush what the catalog holds in memory only, and collect dropped jobs, on
+        their intervals."""
+        for ref in self.housekeeping.run(self.clock()):
+            self.selection.forget(ref)
+            self.retries.pop(ref, None)
 
 
 @contextmanager
