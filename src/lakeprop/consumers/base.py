@@ -73,6 +73,10 @@ class ConsumerContext:
     """(database, table) -> the table, bound to ``spark``."""
     cancelled: Callable[[], bool]
     """True once the iteration was cancelled; long Python loops should check it."""
+    change_rows: int | None = None
+    """Rows of the change set handed to ``apply_changes``, when the engine knows
+    them (it counts the change set per version as it reads it): 0 means empty,
+    so a consumer need not look; None means unknown."""
 
     @property
     def txn_app_id(self) -> str:

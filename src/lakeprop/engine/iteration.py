@@ -95,10 +95,16 @@ def run_iteration(
     source = tables.handle(plan.table.database, plan.table.table, spark)
     data: DataFrame | None = None
     try:
-        data = _read(source, plan, result, token)
+        data, per_version = _read(source, plan, result, token)
         fault_point("iteration.before_write")
         consume = functools.partial(
-            _consume, kind=result.kind, plan=plan, data=data, tables=tables, token=token
+            _consume,
+            kind=result.kind,
+            plan=plan,
+            data=data,
+            per_version=per_version,
+            tables=tables,
+            token=token,
         )
         if fan_out > 1 and len(jobs) > 1:
             _consume_concurrently(spark, jobs, consume, result, fan_out)
@@ -190,16 +196,20 @@ def consumer_sessions(spark: SparkSession, count: int) -> list[SparkSession]:
 
 def _read(
     source: TableHandle, plan: IterationPlan, result: IterationResult, token: CancelToken
-) -> DataFrame:
-    """The persisted change set of a tail, or the table as of ``to_version`` for a
-    snapshot; a tail whose range is no longer readable becomes a snapshot (resync)."""
+) -> tuple[DataFrame, dict[int, int]]:
+    """The persisted change set of a tail, with its rows per commit version (one
+    Spark job counts them as it fills the cache), or the table as of
+    ``to_version`` for a snapshot (no counts); a tail whose range is no longer
+    readable becomes a snapshot (resync)."""
     if plan.kind is IterationKind.TAIL:
         data: DataFrame | None = None
         try:
             data = _read_changes(source, plan)
             result.source_scans += 1
-            result.rows_read = int(data.count())
-            return data
+            counted = data.groupBy("_commit_version").count().collect()
+            per_version = {int(r["_commit_version"]): int(r["count"]) for r in counted}
+            result.rows_read = sum(per_version.values())
+            return data, per_version
         except Exception as exc:
             if data is not None:
                 data.unpersist()
@@ -216,7 +226,7 @@ def _read(
     snapshot = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
     result.source_scans += 1
     result.rows_read = int(snapshot.count())
-    return snapshot
+    return snapshot, {}
 
 
 def _fail_the_rest(
@@ -264,6 +274,7 @@ def _consume(
     kind: IterationKind,
     plan: IterationPlan,
     data: DataFrame,
+    per_version: dict[int, int],
     tables: Tables,
     token: CancelToken,
 ) -> MemberResult:
@@ -288,6 +299,11 @@ def _consume(
         ),
         locate=lambda database, table: tables.handle(database, table, spark),
         cancelled=lambda: token.cancelled,
+        change_rows=(
+            sum(n for v, n in per_version.items() if v > job.member.from_version)
+            if kind is IterationKind.TAIL and job.member.from_version is not None
+            else None
+        ),
     )
     try:
         consumer = get_consumer_type(consumer_info.type).factory(context)
