@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from chispa import assert_df_equality
@@ -169,16 +170,27 @@ def test_one_scan_is_shared_by_every_default_job_of_a_table(
     ]
 
 
+def one_replica(
+    spark: SparkSession,
+    app_config: AppConfig,
+    table: str,
+    trigger: str = "default",
+    **engine: object,
+) -> tuple[str, AppConfig, JobKey, LakepropClient]:
+    """A CDF source ``shop.<table>`` and one registered replica job of it, under
+    the engine settings given: (source path, config, job key, client)."""
+    path = cdf_source(spark, app_config, "shop", table)  # version 0
+    config = replace(app_config, engine=replace(app_config.engine, **engine))
+    key = JobKey(1, "shop", table, "copy")
+    client = LakepropClient(config.kafka, config.state, spark)
+    client.register_job(key, replica(["id"], {"kind": trigger}))
+    return path, config, key, client
+
+
 def test_a_backlog_is_caught_up_in_bounded_iterations_and_ends_equal_to_the_source(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
-    from dataclasses import replace
-
-    path = cdf_source(spark, app_config, "shop", "backlog")  # version 0
-    config = replace(app_config, engine=replace(app_config.engine, max_versions_per_iteration=2))
-    key = JobKey(1, "shop", "backlog", "copy")
-    client = LakepropClient(config.kafka, config.state, spark)
-    client.register_job(key, replica(["id"], {"kind": "default"}))
+    path, config, key, _ = one_replica(spark, app_config, "backlog", max_versions_per_iteration=2)
     with running(spark, config):
         wait_for_watermark(spark, config, key, 0)
         for step in commit_steps(spark, path) + commit_steps(spark, path)[1:]:
@@ -204,14 +216,10 @@ def test_a_backlog_is_caught_up_in_bounded_iterations_and_ends_equal_to_the_sour
 def test_advancing_watermarks_commit_only_the_history_and_the_catalog_catches_up_on_flush(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
-    from dataclasses import replace
-
-    path = cdf_source(spark, app_config, "shop", "quick")
     # no status flush while it runs: a tick that advances watermarks commits no catalog
-    config = replace(app_config, engine=replace(app_config.engine, status_flush_interval=3600.0))
-    key = JobKey(1, "shop", "quick", "copy")
-    client = LakepropClient(config.kafka, config.state, spark)
-    client.register_job(key, replica(["id"], {"kind": "greedy"}))
+    path, config, key, client = one_replica(
+        spark, app_config, "quick", "greedy", status_flush_interval=3600.0
+    )
     catalog_path = config.state.table_path("catalog")
     with running(spark, config) as app:
         wait_for_watermark(spark, config, key, 0)
@@ -244,13 +252,7 @@ def test_advancing_watermarks_commit_only_the_history_and_the_catalog_catches_up
 def test_a_backlog_is_cut_into_iterations_of_at_most_max_rows_change_rows(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
-    from dataclasses import replace
-
-    path = cdf_source(spark, app_config, "shop", "rows")  # version 0
-    config = replace(app_config, engine=replace(app_config.engine, max_rows_per_iteration=25))
-    key = JobKey(1, "shop", "rows", "copy")
-    client = LakepropClient(config.kafka, config.state, spark)
-    client.register_job(key, replica(["id"], {"kind": "default"}))
+    path, config, key, _ = one_replica(spark, app_config, "rows", max_rows_per_iteration=25)
     with running(spark, config):
         wait_for_watermark(spark, config, key, 0)
     # a backlog while the service is stopped: 20 inserts; 6 updates (12 change rows);
