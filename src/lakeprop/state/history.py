@@ -1,10 +1,11 @@
 """The iteration history: one Delta row per finished iteration.
 
-Written after the consumers' writes and before the catalog update, it is also
-the commit record of a watermark: when the service restarts after a crash that
-fell between the two, :meth:`IterationHistory.latest_success` rolls the catalog
-forward to what the consumers already hold, so the history of a job has neither
-a gap nor an overlap in its version ranges.
+Written after the consumers' writes, it is the durable record of a watermark:
+the catalog table catches up only on its flush, so after a crash
+:meth:`IterationHistory.latest_success` and :func:`rolled_forward` bring the
+catalog level with what the consumers already hold, and the history of a job
+has neither a gap nor an overlap in its version ranges. The client reads
+watermarks the same way.
 """
 
 from __future__ import annotations
