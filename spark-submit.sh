@@ -17,11 +17,13 @@ CONFIG=""
 SETS=()
 SUBMIT=()
 MASTER=""
+DEPLOY_MODE="client"
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) CONFIG="$2"; shift 2 ;;
     --set) SETS+=(--set "$2"); shift 2 ;;
     --master) MASTER="$2"; SUBMIT+=("$1" "$2"); shift 2 ;;
+    --deploy-mode) DEPLOY_MODE="$2"; SUBMIT+=("$1" "$2"); shift 2 ;;
     *) SUBMIT+=("$1"); shift ;;
   esac
 done
@@ -41,10 +43,18 @@ if [ -z "$MASTER" ] || [[ "$MASTER" == local* ]]; then
   APP_ARGS=(--config "$CONFIG")
 else
   [ -n "$CONFIG" ] || { echo "spark-submit.sh: --config is required with a cluster master" >&2; exit 1; }
-  rm -rf dist && "$VENV/bin/pip" wheel -q --no-deps -w dist .
-  WHEEL="$(ls dist/lakeprop-*.whl)"
-  SUBMIT+=(--packages "$PACKAGES" --py-files "$WHEEL" --files "$CONFIG")
-  APP_ARGS=(--config "$(basename "$CONFIG")")
+  [ -f "$CONFIG" ] || { echo "spark-submit.sh: config file $CONFIG does not exist" >&2; exit 1; }
+  # The wheel and its one pure-Python dependency (metrics) travel as --py-files.
+  rm -rf dist && "$VENV/bin/pip" wheel -q --no-deps -w dist . "prometheus-client==0.26.0"
+  PY_FILES="$(ls dist/*.whl | paste -sd, -)"
+  SUBMIT+=(--packages "$PACKAGES" --py-files "$PY_FILES" --files "$CONFIG")
+  if [ "$DEPLOY_MODE" = "cluster" ]; then
+    # the driver runs in a container whose working directory holds the --files
+    APP_ARGS=(--config "$(basename "$CONFIG")")
+  else
+    # client mode: the driver runs here, where the file is
+    APP_ARGS=(--config "$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")")
+  fi
 fi
 
 # spark-submit runs in its own session so that Ctrl-C reaches only this script,

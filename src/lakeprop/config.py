@@ -224,6 +224,20 @@ class NotificationsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint of the driver (see the README's "Metrics")."""
+
+    enabled: bool = False
+    host: str = "0.0.0.0"
+    port: int = 9464
+    """0 picks a free port (tests)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidConfigError(f"metrics.port must be a TCP port, got {self.port}")
+
+
+@dataclass(frozen=True)
 class AppConfig:
     """Everything the streaming app needs."""
 
@@ -234,6 +248,7 @@ class AppConfig:
     local_broker: LocalBrokerConfig = field(default_factory=LocalBrokerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     notifications: NotificationsConfig = field(default_factory=NotificationsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tick_interval: float = 10.0
     """Seconds between micro-batches: the runner's scan interval (seed: 10 s)."""
     query_name: str = "lakeprop-changelog"

@@ -61,6 +61,9 @@ class TriggerSelection:
         """Commit notifications: probe only what they name (None: probe every table)."""
         self._specs: dict[JobRef, tuple[str, JobSpec]] = {}
         self._locations: dict[TableRef, str] = {}
+        self.latest: dict[TableRef, int] = {}
+        """Each table's latest version as its last probe found it (job lag, metrics)."""
+        self._commit_times: dict[tuple[TableRef, int], float | None] = {}
 
     def spec(self, row: CatalogRow) -> JobSpec:
         """The job's parsed spec (parsed again only when it changed)."""
@@ -145,11 +148,18 @@ class TriggerSelection:
                 self._locations.pop(table, None)
                 views = self._same_source(table, views, rows, selected)
                 found = None
+                self.latest.pop(table, None)
+            elif since is not None:
+                self.latest[table] = since
             if self.dirty is not None:
                 self.dirty.probed(name, found, now)
             selected.fresh += [v.ref for v in views if is_eligible(v, now)]
             return
         latest = self.probe.latest_version(location)
+        if latest is None:
+            self.latest.pop(table, None)
+        else:
+            self.latest[table] = latest
         if self.dirty is not None:
             self.dirty.probed(name, latest, now)
         views = self._same_source(table, views, rows, selected, latest)
@@ -176,6 +186,15 @@ class TriggerSelection:
                 self._change_rows.clear()
             self._change_rows[key] = self.probe.change_rows(location, version)
         return self._change_rows[key]
+
+    def commit_time(self, table: TableRef, version: int) -> float | None:
+        """When ``version`` of the table was committed (read once per version)."""
+        key = (table, version)
+        if key not in self._commit_times:
+            if len(self._commit_times) >= 100_000:
+                self._commit_times.clear()
+            self._commit_times[key] = self.probe.commit_time(self._location(table), version)
+        return self._commit_times[key]
 
     def _location(self, table: TableRef) -> str:
         if table not in self._locations:

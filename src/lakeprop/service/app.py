@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -26,6 +27,9 @@ from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.tables.resolve import Tables
+
+if TYPE_CHECKING:
+    from lakeprop.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,7 @@ class PropagationApp:
             if notifications.enabled
             else None
         )
+        self.metrics = self._metrics()
         self.runner = Runner(
             spark,
             config.engine,
@@ -72,7 +77,19 @@ class PropagationApp:
             self.scheduler,
             config.kafka.max_message_bytes,
             dirty=self.dirty,
+            observer=None if self.metrics is None else self.metrics.reported,
         )
+        if self.metrics is not None:
+            selection = self.runner.selection
+            self.metrics.watch_jobs(self.catalog.by_id, selection.latest.get, selection.commit_time)
+
+    def _metrics(self) -> Metrics | None:
+        """The Prometheus metrics, when configured (the package is imported only then)."""
+        if not self.config.metrics.enabled:
+            return None
+        from lakeprop.service.metrics import Metrics
+
+        return Metrics(self.spark, self.config.metrics, self.config.query_name)
 
     def _announce(self, notice: CommitNotice) -> None:
         assert self.dirty is not None
@@ -121,6 +138,8 @@ class PropagationApp:
             self.dirty.reset()
             self.notices.start()
         self.runner.resume()
+        if self.metrics is not None:
+            self.metrics.start()
         if self.config.engine.enabled:
             self.scheduler.start()
         query = start_query(
@@ -227,6 +246,8 @@ class PropagationApp:
             self.catalog.flush()  # the table shows where every job stopped
         if self.notices is not None:
             self.notices.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self._locked:
             self.lock.release()
             self._locked = False

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -118,6 +119,29 @@ class TickSummary:
     fresh_jobs: int
 
 
+class RunnerObserver(Protocol):
+    """Told what each micro-batch did (the metrics implement it)."""
+
+    def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None: ...
+
+    def results(self, results: Sequence[IterationResult]) -> None: ...
+
+    def verdicts(self, verdicts: Sequence[Verdict]) -> None: ...
+
+
+class Unobserved:
+    """The observer when nobody watches."""
+
+    def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
+        pass
+
+    def results(self, results: Sequence[IterationResult]) -> None:
+        pass
+
+    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+        pass
+
+
 def decode_all(records: Sequence[LogRecord], max_bytes: int) -> tuple[list[Command], list[Verdict]]:
     """Decode every record; invalid ones become rejected verdicts."""
     commands: list[Command] = []
@@ -153,8 +177,10 @@ class Runner:
         max_message_bytes: int,
         clock: Callable[[], float] = time.time,
         dirty: DirtyTables | None = None,
+        observer: RunnerObserver | None = None,
     ) -> None:
         self.spark = spark
+        self.observer: RunnerObserver = observer or Unobserved()
         self.engine = engine
         self.catalog = catalog
         self.outcomes = outcomes
@@ -204,6 +230,7 @@ class Runner:
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` callback."""
+        tick = None
         with self._processing(batch_id) as timed:
             with timed("results"):
                 self.record_results()
@@ -211,7 +238,7 @@ class Runner:
                 self.apply_log(log_records(batch), batch_id)
             with timed("selection"):
                 if self.scheduler.started:
-                    self.tick()
+                    tick = self.tick()
             with timed("housekeeping"):
                 if self.scheduler.started:
                     self.keep_house()
@@ -219,6 +246,7 @@ class Runner:
                 if self.catalog.commit_staged():
                     fault_point("catalog.written")
             self.batches += 1
+        self.observer.batch(self.timings[-1], tick)
 
     @contextmanager
     def _processing(self, batch_id: int) -> Iterator[Callable[[str], AbstractContextManager[None]]]:
@@ -257,6 +285,7 @@ class Runner:
         names = {r.job_id: r.job_name for r in rows.values()}
         self.history.record([r.record(names) for r in results])
         fault_point("history.written")
+        self.observer.results(results)
         changed = advance(
             rows,
             results,
@@ -293,6 +322,7 @@ class Runner:
         )
         verdicts += result.verdicts
         self.outcomes.record(verdicts, batch_id)
+        self.observer.verdicts(verdicts)
         self.catalog.stage(result.upserts)
         for row_id in result.upserts:
             self.retries.pop(row_id, None)  # an update repairs; a drop forgets

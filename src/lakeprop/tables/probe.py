@@ -178,6 +178,15 @@ class DeltaLogProbe:
                     added += int(json.loads(add["stats"]).get("numRecords", 0))
         return estimate_change_rows(metrics, added)
 
+    def commit_time(self, location: str, version: int) -> float | None:
+        """When commit ``version`` was made (its ``commitInfo`` timestamp, in epoch
+        seconds); None when its file is gone or holds no commit info."""
+        for line in self.files_for(location).lines(self._log(location, self._commit(version))):
+            if line.startswith('{"commitInfo"'):
+                timestamp = json.loads(line)["commitInfo"].get("timestamp")
+                return None if timestamp is None else int(timestamp) / 1000.0
+        return None
+
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
         names = self.files_for(location).names(self._log(location))

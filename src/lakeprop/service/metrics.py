@@ -1,0 +1,327 @@
+"""Prometheus metrics of the running service, served on a port of the driver.
+
+Off unless ``[metrics] enabled = true`` (the cluster and Databricks configs turn
+it on). Counters count since the service process started. Per job, the
+watermark, the lag behind the source and the state are read from what the
+service holds in memory at scrape time, so a scrape costs no Spark job; the
+lag in seconds reads one commit file per behind job, cached (commits never
+change). Every metric is listed in the README's "Metrics" section.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from lakeprop.config import MetricsConfig
+from lakeprop.engine.model import IterationResult, TableRef
+from lakeprop.service.runner import SELECTION_JOB_GROUP, BatchTimings, TickSummary
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.outcomes import Outcome, Verdict
+from lakeprop.state.status import JobState
+
+log = logging.getLogger(__name__)
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+JOB_LABELS = ("account", "database", "table", "job", "job_id")
+
+
+class ServiceMetrics:
+    """The service's metrics, in a registry of their own.
+
+    The runner reports to it (:meth:`batch`, :meth:`results`, :meth:`verdicts`);
+    :class:`JobGauges` and :class:`QueryProgress` add what is read at scrape
+    time and what the streaming query reports.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        selection_jobs: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.tick_phase = Histogram(
+            "lakeprop_tick_phase_seconds",
+            "Seconds one micro-batch (tick) spent in each phase",
+            ["phase"],
+            registry=r,
+            buckets=_SECONDS,
+        )
+        self.ticks = Counter("lakeprop_ticks", "Micro-batches processed", registry=r)
+        self.tables_probed = Counter(
+            "lakeprop_tables_probed", "Source tables probed by trigger selection", registry=r
+        )
+        self.tables_changed = Counter(
+            "lakeprop_tables_changed", "Probed source tables found changed", registry=r
+        )
+        self.selection_spark_jobs = Counter(
+            "lakeprop_selection_spark_jobs",
+            "Spark jobs trigger selection launched (it never should)",
+            registry=r,
+        )
+        self.iteration_seconds = Histogram(
+            "lakeprop_iteration_seconds",
+            "Iteration duration, by kind and outcome",
+            ["kind", "outcome"],
+            registry=r,
+            buckets=_SECONDS,
+        )
+        self.queue_wait = Histogram(
+            "lakeprop_iteration_queue_wait_seconds",
+            "Seconds an iteration waited for a worker after it was planned",
+            ["kind"],
+            registry=r,
+            buckets=_SECONDS,
+        )
+        self.rows_read = Counter(
+            "lakeprop_iteration_rows_read",
+            "Change rows (tail) or source rows (snapshot) iterations read",
+            ["kind"],
+            registry=r,
+        )
+        self.rows_written = Counter(
+            "lakeprop_consumer_rows_written",
+            "Rows consumers wrote, by consumer type",
+            ["consumer"],
+            registry=r,
+        )
+        self.iteration_spark_jobs = Counter(
+            "lakeprop_iteration_spark_jobs", "Spark jobs iterations launched", ["kind"], registry=r
+        )
+        self.job_errors = Counter(
+            "lakeprop_job_errors",
+            "Failed consumer runs of iterations, by error code",
+            ["code"],
+            registry=r,
+        )
+        self.verdicts_total = Counter(
+            "lakeprop_verdicts",
+            "Change log messages given a verdict, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.rejects = Counter(
+            "lakeprop_rejects",
+            "Change log messages rejected, by error code",
+            ["code"],
+            registry=r,
+        )
+        self._selection_jobs = selection_jobs
+        """Spark jobs of the selection's job group so far (Spark's status tracker)."""
+        self._selection_jobs_seen = selection_jobs()
+        for outcome in Outcome:  # every outcome is exported from the start, at 0
+            self.verdicts_total.labels(outcome.value)
+
+    def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
+        self.ticks.inc()
+        for phase, seconds in timings.phases.items():
+            self.tick_phase.labels(phase).observe(seconds)
+        if tick is not None:
+            self.tables_probed.inc(tick.tables_probed)
+            self.tables_changed.inc(tick.tables_changed)
+        seen = self._selection_jobs()
+        if seen > self._selection_jobs_seen:
+            self.selection_spark_jobs.inc(seen - self._selection_jobs_seen)
+            self._selection_jobs_seen = seen
+
+    def results(self, results: Sequence[IterationResult]) -> None:
+        for result in results:
+            kind = result.kind.value
+            self.iteration_seconds.labels(kind, result.outcome).observe(
+                max(0.0, result.ended_at - result.started_at)
+            )
+            waited = result.started_at - result.plan.planned_at
+            self.queue_wait.labels(kind).observe(max(0.0, waited))
+            self.rows_read.labels(kind).inc(result.rows_read)
+            self.iteration_spark_jobs.labels(kind).inc(result.spark_jobs)
+            for member in result.members:
+                self.rows_written.labels(member.consumer_type).inc(member.rows_written)
+                if not member.ok:
+                    self.job_errors.labels(str(member.error_code)).inc()
+
+    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+        for verdict in verdicts:
+            self.verdicts_total.labels(verdict.outcome.value).inc()
+            if verdict.outcome is Outcome.REJECTED:
+                self.rejects.labels(str(verdict.error_code)).inc()
+
+
+class JobGauges(Collector):
+    """Per job, at scrape time: watermark, lag (versions and seconds) and state."""
+
+    def __init__(
+        self,
+        rows: Callable[[], Mapping[Any, CatalogRow]],
+        latest: Callable[[TableRef], int | None],
+        commit_time: Callable[[TableRef, int], float | None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._rows = rows
+        self._latest = latest
+        self._commit_time = commit_time
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        watermark = GaugeMetricFamily(
+            "lakeprop_job_watermark", "Source version the job has consumed up to", labels=JOB_LABELS
+        )
+        lag = GaugeMetricFamily(
+            "lakeprop_job_lag_versions",
+            "Source versions committed after the job's watermark",
+            labels=JOB_LABELS,
+        )
+        lag_seconds = GaugeMetricFamily(
+            "lakeprop_job_lag_seconds",
+            "Age of the oldest source commit the job has not consumed (0 when in step)",
+            labels=JOB_LABELS,
+        )
+        state = GaugeMetricFamily(
+            "lakeprop_job_state", "1 for the job's current state", labels=(*JOB_LABELS, "state")
+        )
+        jobs = GaugeMetricFamily("lakeprop_jobs", "Live jobs, by state", labels=("state",))
+        by_state = dict.fromkeys((s.value for s in JobState), 0)
+        now = self._clock()
+        for row in list(self._rows().values()):
+            if not row.is_live:
+                continue
+            labels = [
+                str(row.account_id),
+                row.database,
+                row.table,
+                row.job_name,
+                str(row.job_id),
+            ]
+            by_state[row.job_state.value] += 1
+            state.add_metric([*labels, row.job_state.value], 1)
+            if row.watermark is None:
+                continue
+            watermark.add_metric(labels, row.watermark)
+            table = TableRef(row.account_id, row.database, row.table)
+            latest = self._latest(table)
+            if latest is None:
+                continue
+            behind = max(0, latest - row.watermark)
+            lag.add_metric(labels, behind)
+            oldest = self._commit_time(table, row.watermark + 1) if behind else None
+            lag_seconds.add_metric(labels, 0.0 if oldest is None else max(0.0, now - oldest))
+        for name, count in by_state.items():
+            jobs.add_metric([name], count)
+        yield from (watermark, lag, lag_seconds, state, jobs)
+
+
+class QueryProgress(StreamingQueryListener):
+    """The streaming query's progress events, as metrics (method names are Spark's)."""
+
+    def __init__(self, registry: CollectorRegistry, query_name: str) -> None:
+        self.query_name = query_name
+        self.batches = Counter(
+            "lakeprop_query_batches", "Micro-batches the query reported", registry=registry
+        )
+        self.input_rows = Counter(
+            "lakeprop_query_input_rows", "Change log messages the query read", registry=registry
+        )
+        self.batch_seconds = Gauge(
+            "lakeprop_query_last_batch_seconds",
+            "Duration of the query's latest micro-batch",
+            registry=registry,
+        )
+        self.input_rate = Gauge(
+            "lakeprop_query_input_rows_per_second",
+            "Input rate of the query's latest micro-batch",
+            registry=registry,
+        )
+        self.batch_id = Gauge(
+            "lakeprop_query_last_batch_id",
+            "Id of the query's latest micro-batch",
+            registry=registry,
+        )
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        if progress.name != self.query_name:
+            return
+        self.batches.inc()
+        self.input_rows.inc(progress.numInputRows)
+        self.batch_seconds.set(progress.batchDuration / 1000.0)
+        self.input_rate.set(progress.inputRowsPerSecond or 0.0)
+        self.batch_id.set(progress.batchId)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+class MetricsServer:
+    """The HTTP endpoint on ``host:port`` (port 0: a free one, then :attr:`port`)."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._server is None:
+            self._server, self._thread = start_http_server(
+                self.port, addr=self.host, registry=self.registry
+            )
+            self.port = int(self._server.server_port)
+            log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class Metrics:
+    """One service's metrics: what its runner reports, its jobs, its query's
+    progress, and the endpoint that serves them while the query runs."""
+
+    def __init__(self, spark: SparkSession, config: MetricsConfig, query_name: str) -> None:
+        tracker = spark.sparkContext.statusTracker()
+        self.spark = spark
+        self.reported = ServiceMetrics(
+            selection_jobs=lambda: len(tracker.getJobIdsForGroup(SELECTION_JOB_GROUP))
+        )
+        self.registry = self.reported.registry
+        self.progress = QueryProgress(self.registry, query_name)
+        self.server = MetricsServer(self.registry, config.host, config.port)
+        self._listening = False
+
+    def watch_jobs(
+        self,
+        rows: Callable[[], Mapping[Any, CatalogRow]],
+        latest: Callable[[TableRef], int | None],
+        commit_time: Callable[[TableRef, int], float | None],
+    ) -> None:
+        self.registry.register(JobGauges(rows, latest, commit_time))
+
+    def start(self) -> None:
+        self.server.start()
+        if not self._listening:
+            self.spark.streams.addListener(self.progress)
+            self._listening = True
+
+    def stop(self) -> None:
+        self.server.stop()
+        if self._listening:
+            self.spark.streams.removeListener(self.progress)
+            self._listening = False
