@@ -27,6 +27,8 @@ class ErrorCode(IntEnum):
     UNKNOWN_PERMANENT = 10000
     INVALID_CONFIG = 10001
     CHECKPOINT_IN_USE = 10002
+    STATE_NOT_FOUND = 10003
+    INVALID_ARGUMENT = 10004
     INVALID_MESSAGE = 10100
     UNSUPPORTED_VERSION = 10101
     UNKNOWN_OPERATION = 10102
@@ -84,6 +86,18 @@ class InvalidConfigError(PermanentError):
     """The configuration file or environment is wrong."""
 
     default_code = ErrorCode.INVALID_CONFIG
+
+
+class StateNotFoundError(PermanentError):
+    """The service's state tables are not where the config says (it never ran there)."""
+
+    default_code = ErrorCode.STATE_NOT_FOUND
+
+
+class InvalidArgumentError(PermanentError):
+    """A command line argument that cannot be used (malformed JSON, a missing file)."""
+
+    default_code = ErrorCode.INVALID_ARGUMENT
 
 
 class InvalidMessageError(PermanentError):

@@ -105,11 +105,29 @@ def test_cli_register_update_status_list_unregister(
         == 0
     )
     assert cli.main([*base, "update-spec", *key, "--priority", "8"]) == 0
+    # before the service ever ran: one clear line, no traceback
+    capsys.readouterr()
+    assert cli.main([*base, "status", *key]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err.splitlines()) == (
+        "",
+        [
+            f"error [10003]: no job catalog at {app_config.state.location}/catalog: the service "
+            f"has not run with state.location {app_config.state.location} yet (or the config "
+            "points elsewhere)"
+        ],
+    )
     run_once(spark, app_config)
     capsys.readouterr()
 
-    assert cli.main([*base, "status", *key]) == 0
+    assert cli.main([*base, "--json", "status", *key]) == 0
     status = json.loads(capsys.readouterr().out)
+    assert cli.main([*base, "status", *key]) == 0
+    job_id = str(status["job_id"])
+    assert capsys.readouterr().out.splitlines() == [
+        f"JOB                {'ID'.ljust(len(job_id))}  STATE      WATERMARK  LAG  LAST ERROR",
+        f"3/shop.items/copy  {job_id}  completed  -          -",  # no iteration ran
+    ]
     assert status["state"] == "completed"
     assert status["spec"] == {
         "trigger": {"kind": "periodic", "interval": 300.0, "share": False},
@@ -126,7 +144,7 @@ def test_cli_register_update_status_list_unregister(
             },
         },
     }
-    assert cli.main([*base, "list", "--state", "completed"]) == 0
+    assert cli.main([*base, "--json", "list", "--state", "completed"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [j["key"]["job_name"] for j in listed] == ["copy"]
 
@@ -139,6 +157,7 @@ def test_cli_register_update_status_list_unregister(
         cli.main(
             [
                 *base,
+                "--json",
                 "status",
                 *key,
             ]

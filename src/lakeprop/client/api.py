@@ -32,6 +32,7 @@ from lakeprop.errors import (
     InvalidConfigError,
     InvalidSpecError,
     PermanentError,
+    StateNotFoundError,
     TemporaryError,
 )
 from lakeprop.identifiers import validate_identifier
@@ -280,7 +281,13 @@ class LakepropClient:
         return self._spark
 
     def _catalog_rows(self, condition: Any = None) -> list[CatalogRow]:
-        df = state.read_table(self.spark, self.state.table_path(CATALOG_TABLE))
+        path = self.state.table_path(CATALOG_TABLE)
+        if DeltaLogProbe(self.spark).latest_version(path) is None:
+            raise StateNotFoundError(
+                f"no job catalog at {path}: the service has not run with state.location "
+                f"{self.state.location} yet (or the config points elsewhere)"
+            )
+        df = state.read_table(self.spark, path)
         if condition is not None:
             df = df.where(condition)
         return [CatalogRow.from_spark(r) for r in df.collect()]

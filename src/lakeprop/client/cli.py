@@ -22,20 +22,36 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from lakeprop.config import LOCAL_BOOTSTRAP, AppConfig, load_config
-from lakeprop.errors import LakepropError
+from lakeprop.errors import InvalidArgumentError, LakepropError
 from lakeprop.spec import JobKey
 
 log = logging.getLogger("lakeprop")
 
 
 def _config(args: argparse.Namespace) -> AppConfig:
+    malformed = [item for item in args.set if "=" not in item]
+    if malformed:
+        raise InvalidArgumentError(f"--set expects KEY=VALUE, got {malformed[0]!r}")
     overrides = dict(item.split("=", 1) for item in args.set)
     return load_config(args.config or os.environ.get("LAKEPROP_CONFIG"), overrides)
+
+
+def _json_argument(text: str, flag: str) -> Any:
+    """JSON given on the command line, or ``@file`` to read it from a file."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InvalidArgumentError(f"{flag}: cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"{flag} is not valid JSON: {exc}") from None
 
 
 def _key(args: argparse.Namespace) -> JobKey:
@@ -44,9 +60,10 @@ def _key(args: argparse.Namespace) -> JobKey:
 
 def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, Any]:  # noqa: C901 - one branch per flag, read top to bottom
     if args.spec:
-        text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
-        spec: dict[str, Any] = json.loads(text)
-        return spec
+        whole = _json_argument(args.spec, "--spec")
+        if not isinstance(whole, dict):
+            raise InvalidArgumentError("--spec must be a JSON object")
+        return whole
     trigger: dict[str, Any] = {}
     if args.trigger:
         trigger["kind"] = args.trigger
@@ -58,7 +75,7 @@ def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, An
     if args.consumer:
         consumer["type"] = args.consumer
     if args.options:
-        consumer["options"] = json.loads(args.options)
+        consumer["options"] = _json_argument(args.options, "--options")
     iteration: dict[str, Any] = {}
     if args.priority is not None:
         iteration["priority"] = args.priority
@@ -94,6 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         spark = build_session(config.spark)
+        faults.await_gate()
         PropagationApp(spark, config).run_until(stop)
         log.info("stopped cleanly")
     finally:
@@ -118,16 +136,21 @@ def _maybe_start_broker(config: AppConfig) -> Any:
     return broker.start()
 
 
+def _session(config: AppConfig) -> Any:
+    """A session for a CLI verb: quiet, so stdout holds only the command's result."""
+    from lakeprop.session import build_session
+
+    quiet = {"spark.ui.showConsoleProgress": "false", **config.spark.conf}
+    spark = build_session(replace(config.spark, conf=quiet))
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
     from lakeprop.client.api import LakepropClient
 
     config = _config(args)
-    spark = None
-    if with_spark:
-        from lakeprop.session import build_session
-
-        spark = build_session(config.spark)
-        spark.sparkContext.setLogLevel("ERROR")
+    spark = _session(config) if with_spark else None
     return LakepropClient(
         config.kafka, config.state, spark, tables=config.tables, notifications=config.notifications
     )
@@ -153,12 +176,29 @@ def _send(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
+def _show_jobs(client: Any, jobs: Sequence[Any]) -> None:
+    """Jobs as a table, with each source's lag looked up once."""
+    from lakeprop.client.render import job_table
+
+    latest: dict[tuple[str, str], int | None] = {}
+    for name in {(j.key.database, j.key.table) for j in jobs if j.drop_at is None}:
+        try:
+            latest[name] = client.source_version(*name)
+        except LakepropError:
+            latest[name] = None  # a dropped source: the job's error says so
+    print(job_table(jobs, latest))
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    info = _client(args, with_spark=True).get_job_status(_key(args))
+    client = _client(args, with_spark=True)
+    info = client.get_job_status(_key(args))
     if info is None:
         print(f"no job {_key(args)}", file=sys.stderr)
         return 1
-    _print(asdict(info))
+    if args.json:
+        _print(asdict(info))
+    else:
+        _show_jobs(client, [info])
     return 0
 
 
@@ -180,11 +220,13 @@ def _version(text: str) -> int | str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    jobs = _client(args, with_spark=True).list_jobs(
-        state=args.state, account_id=args.account, include_dropped=args.all
-    )
-    for job in jobs:
-        print(json.dumps(asdict(job), sort_keys=True, default=str))
+    client = _client(args, with_spark=True)
+    jobs = client.list_jobs(state=args.state, account_id=args.account, include_dropped=args.all)
+    if args.json:
+        for job in jobs:
+            print(json.dumps(asdict(job), sort_keys=True, default=str))
+    elif jobs:
+        _show_jobs(client, jobs)
     return 0
 
 
@@ -198,11 +240,9 @@ def cmd_notify(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from lakeprop.client.search import search
-    from lakeprop.session import build_session
 
     config = _config(args)
-    spark = build_session(config.spark)
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _session(config)
     hits = search(spark, config, _key(args), args.query, limit=args.limit, fields=args.field)
     for hit in hits:
         print(json.dumps({"score": round(hit.score, 6), "key": hit.key}, default=str))
@@ -252,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"
     )
     root.add_argument("-v", "--verbose", action="store_true")
+    root.add_argument(
+        "--json", action="store_true", help="status and list: JSON instead of a table"
+    )
     sub = root.add_subparsers(dest="command", required=True)
 
     sub.add_parser("run", help="run the streaming service until SIGINT/SIGTERM")

@@ -155,11 +155,8 @@ class LocalKafka:
 
     def running_pid(self) -> int | None:
         """Pid of a broker started on this data directory that is still alive."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        return pid if _alive(pid) else None
+        pid = self._recorded_pid()
+        return pid if pid is not None and _alive(pid) else None
 
     def start(self, timeout: float = 90.0) -> LocalKafka:
         """Format the data directory if new, start the broker and wait until it serves."""
@@ -224,27 +221,46 @@ class LocalKafka:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (the broker shuts down cleanly), SIGKILL if it does not in time."""
-        pid = self._process.pid if self._process is not None else self.running_pid()
-        if pid is None:
-            return
+        """SIGTERM (the broker shuts down cleanly), SIGKILL if it does not in time.
+
+        A broker this object started and that already exited is not signalled
+        (its pid may belong to another process by now), and the pid file is
+        removed only while it names the broker stopped here: a broker started
+        since by someone else keeps its own.
+        """
+        started: int | None
+        if self._process is not None:
+            pid: int | None = None if self._process.poll() is not None else self._process.pid
+            started = self._process.pid
+        else:
+            pid = started = self.running_pid()
+        if pid is not None:
+            self._terminate(pid, timeout)
+        self._process = None
+        if started is not None and self._recorded_pid() == started:
+            self.pid_file.unlink(missing_ok=True)
+
+    def _terminate(self, pid: int, timeout: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process is not None:
                 if self._process.poll() is not None:
-                    break
+                    return
             elif not _alive(pid):
-                break
+                return
             time.sleep(0.2)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            if self._process is not None:
-                self._process.wait(10)
-        self._process = None
-        self.pid_file.unlink(missing_ok=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if self._process is not None:
+            self._process.wait(10)
+
+    def _recorded_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def __enter__(self) -> LocalKafka:
         return self.start()

@@ -1,0 +1,51 @@
+"""How the CLI shows jobs to a person: a plain text table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from lakeprop.client.api import JobInfo
+
+ERROR_WIDTH = 60
+COLUMNS = ("JOB", "ID", "STATE", "WATERMARK", "LAG", "LAST ERROR")
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def last_error(job: JobInfo) -> str:
+    """``[code] message`` of the job's last failure, cut to one short line; "" if none."""
+    code = job.status.get("error_code") or 0
+    if not code:
+        return ""
+    message = " ".join(str(job.status.get("error_msg") or "").split())
+    text = f"[{code}] {message}"
+    return text if len(text) <= ERROR_WIDTH else text[: ERROR_WIDTH - 1] + "…"
+
+
+def lag(job: JobInfo, latest: int | None) -> int | None:
+    """Source versions after the job's watermark (None: not known)."""
+    if latest is None or job.watermark is None or job.drop_at is not None:
+        return None
+    return max(0, latest - job.watermark)
+
+
+def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | None]) -> str:
+    """One row per job; ``latest`` maps (database, table) to the source's version."""
+    rows = [COLUMNS] + [
+        (
+            f"{j.key.account_id}/{j.key.database}.{j.key.table}/{j.key.job_name}",
+            str(j.job_id),
+            j.state if j.drop_at is None else "dropped",
+            _cell(j.watermark),
+            _cell(lag(j, latest.get((j.key.database, j.key.table)))),
+            last_error(j),
+        )
+        for j in jobs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
