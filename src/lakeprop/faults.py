@@ -10,7 +10,10 @@ process group when that group is a session of its own (``spark-submit.sh``
 starts spark-submit that way), so the JVM dies too and nothing is flushed;
 ``raise`` raises :class:`InjectedFault`, a temporary error. With
 ``LAKEPROP_FAULTS_RECORD`` set, a point appends its name to that file before
-it fires. Tests arm points
+it fires. With ``LAKEPROP_FAULTS_GATE`` set, ``lakeprop run`` builds its Spark
+session and then waits for that file to exist before it touches any state: a
+harness starts the next crashed service while the current one still runs, and
+lets it in once that one is dead. Tests arm points
 with :func:`arm`, ask which fired with :func:`fired` and clear them with
 :func:`disarm`.
 
@@ -23,6 +26,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 from lakeprop.errors import InvalidConfigError, TemporaryError
@@ -32,6 +36,8 @@ log = logging.getLogger(__name__)
 ENV = "LAKEPROP_FAULTS"
 RECORD_ENV = "LAKEPROP_FAULTS_RECORD"
 """A file each fault point appends its name to before it fires (for harnesses)."""
+GATE_ENV = "LAKEPROP_FAULTS_GATE"
+"""A file the service waits for, session built, before it starts (for harnesses)."""
 
 POINTS = {
     "batch.decoded": "a change log batch is decoded, nothing of it written yet",
@@ -93,6 +99,16 @@ def arm(spec: str) -> None:
 
 def arm_from_env() -> None:
     arm(os.environ.get(ENV, ""))
+
+
+def await_gate(poll: float = 0.1) -> None:
+    """Wait until the file ``LAKEPROP_FAULTS_GATE`` names exists (if it names one)."""
+    gate = os.environ.get(GATE_ENV)
+    if not gate:
+        return
+    log.info("waiting for %s before starting", gate)
+    while not os.path.exists(gate):
+        time.sleep(poll)
 
 
 def disarm() -> None:

@@ -286,11 +286,17 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
 
     # -- the service ----------------------------------------------------------------------
 
+    def gate(self, cycle: int) -> Path:
+        return self.workdir / f"cycle-{cycle:03d}.go"
+
     def start_process(self, config: Path, cycle: int, fault: str | None) -> subprocess.Popen[bytes]:
+        """The service of kill cycle ``cycle``: it builds its session, then waits for
+        :meth:`gate` (the previous cycle's service must be dead first)."""
         env = {
             **os.environ,
             faults.ENV: f"{fault}=kill" if fault else "",
             faults.RECORD_ENV: str(self.workdir / f"cycle-{cycle:03d}.fired"),
+            faults.GATE_ENV: str(self.gate(cycle)),
         }
         logfile = open(self.workdir / f"cycle-{cycle:03d}.log", "wb")  # noqa: SIM115
         return subprocess.Popen(
@@ -483,15 +489,34 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
         self.rng.shuffle(plan)
         raised = [p for p in plan if p is not None and self.settings.mode(p) == "raise"]
         killed = [p for p in plan if self.settings.mode(p) == "kill"]
-        if raised:  # one in-process service: each raise restarts its query, as a crash would
-            self.raise_cycles(config, raised)
-        for cycle, point in enumerate(killed):
-            log.info("cycle %d: %s", cycle, f"kill at {point}" if point else "random kill")
-            self.kill_cycle(config, cycle, point)
-            self.report.cycles += 1
+        # each killed service starts its JVM while the one before it still runs
+        starting = self.start_process(config, 0, killed[0]) if killed else None
+        try:
+            if raised:  # one in-process service: each raise restarts its query, as a crash would
+                self.raise_cycles(config, raised)
+            for cycle, point in enumerate(killed):
+                log.info("cycle %d: %s", cycle, f"kill at {point}" if point else "random kill")
+                assert starting is not None
+                proc, starting = starting, None
+                starting = self.kill_cycle(proc, cycle, point, self.starter(config, killed, cycle))
+                self.report.cycles += 1
+        finally:
+            if starting is not None:  # a failure left a service waiting at its gate
+                self.kill_tree(starting)
         self.catch_up(config)
         self.check()
         return self.report
+
+    def starter(
+        self, config: Path, killed: list[str | None], cycle: int
+    ) -> Callable[[], subprocess.Popen[bytes] | None]:
+        """Starts the service of the kill cycle after ``cycle``, if there is one."""
+
+        def start() -> subprocess.Popen[bytes] | None:
+            after = cycle + 1
+            return self.start_process(config, after, killed[after]) if after < len(killed) else None
+
+        return start
 
     def drive(self, point: str | None, fired: Callable[[], bool], down: Callable[[], bool]) -> bool:
         """Drive ``point``'s workload, with random steps between, until it fires.
@@ -530,10 +555,22 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
             time.sleep(0.5)  # leave the cores to the service while it starts
         return False
 
-    def kill_cycle(self, config: Path, cycle: int, point: str | None) -> None:
-        proc = self.start_process(config, cycle, point)
+    def kill_cycle(
+        self,
+        proc: subprocess.Popen[bytes],
+        cycle: int,
+        point: str | None,
+        start_next: Callable[[], subprocess.Popen[bytes] | None],
+    ) -> subprocess.Popen[bytes] | None:
+        """Let ``proc`` in, drive it to ``point`` (or a random moment), kill it.
+
+        The next cycle's service is started once this one is ready, and
+        returned: it builds its session meanwhile and waits at its gate.
+        """
+        self.gate(cycle).touch()
         logfile = self.workdir / f"cycle-{cycle:03d}.log"
         down = lambda: proc.poll() is not None  # noqa: E731
+        following = None
         try:
             ready = self.wait_ready(
                 lambda: b"lakeprop.service.app: query" in logfile.read_bytes(), down
@@ -543,7 +580,8 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
                     f"cycle {cycle}: the service did not start within "
                     f"{self.settings.ready_timeout:.0f}s (see {logfile})"
                 )
-                return
+                return start_next()
+            following = start_next()
             if point is None:
                 lo, hi = self.settings.kill_after
                 until = time.monotonic() + self.rng.uniform(lo, hi)
@@ -568,6 +606,7 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
                 f"(see {logfile})"
             )
         log.info("cycle %d ended: %s", cycle, fired or "killed")
+        return following
 
     def raise_cycles(self, config: Path, points: list[str]) -> None:
         """Raise at each point in turn in one in-process service, recovering in between."""

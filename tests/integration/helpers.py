@@ -126,7 +126,14 @@ def latest_version(spark: SparkSession, path: str) -> int:
 
 def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> dict[str, Any]:
     """The live job as the client sees it: its catalog row, with the watermark its
-    iteration history records where that is ahead (the catalog catches up on flush)."""
+    iteration history records where that is ahead (the catalog catches up on flush).
+    The catalog must hold exactly one live row of the key."""
+    row = client_row(config, spark, key)
+    assert_one_live_row(spark, config, key, row["job_id"])
+    return row
+
+
+def assert_one_live_row(spark: SparkSession, config: AppConfig, key: JobKey, job_id: int) -> None:
     rows = (
         catalog_df(spark, config)
         .where(
@@ -139,8 +146,13 @@ def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> dict[str, An
         .collect()
     )
     assert len(rows) == 1, rows
+    assert rows[0]["job_id"] == job_id, (job_id, rows)
+
+
+def client_row(config: AppConfig, spark: SparkSession, key: JobKey) -> dict[str, Any]:
+    """The job as ``get_job_status`` reports it, in the catalog's column names."""
     job = LakepropClient(config.kafka, config.state, spark).get_job_status(key)
-    assert job is not None and job.job_id == rows[0]["job_id"], (job, rows)
+    assert job is not None and job.drop_at is None, job
     return {
         "job_id": job.job_id,
         "watermark": job.watermark,
@@ -152,8 +164,11 @@ def job_row(spark: SparkSession, config: AppConfig, key: JobKey) -> dict[str, An
 def wait_for_watermark(
     spark: SparkSession, config: AppConfig, key: JobKey, version: int, timeout: float = 90.0
 ) -> Any:
+    """The job's row (:func:`job_row`) once the client sees it completed at ``version``.
+    Polls read what the client reads, once per commit to the catalog or history."""
+
     def reached() -> Any:
-        row = job_row(spark, config, key)
+        row = client_row(config, spark, key)
         assert row["watermark"] == version and row["job_state"] == "completed", (
             row["watermark"],
             row["job_state"],
@@ -161,12 +176,14 @@ def wait_for_watermark(
         )
         return row
 
-    return assert_eventually(
+    row = assert_eventually(
         reached,
         timeout=timeout,
         interval=0.25,
         changes=watches(spark, config, state.CATALOG_TABLE, state.HISTORY_TABLE),
     )
+    assert_one_live_row(spark, config, key, row["job_id"])
+    return row
 
 
 def watches(spark: SparkSession, config: AppConfig, *tables: str) -> list[TableWatch]:
