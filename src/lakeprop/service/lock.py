@@ -13,6 +13,9 @@ holder.
   holder renews every ``ttl / 4`` seconds. A lease not renewed for ``ttl``
   seconds is stale and is taken over, so a restart after a crash waits at most
   ``ttl``.
+* A Databricks FUSE path (``/Volumes/...``, ``/dbfs/...``) looks local but is
+  shared by every cluster, where a ``flock`` is not: it gets the lease, on its
+  ``dbfs:/`` form.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "lakeprop.service.lock"
 LEASE_FILE = "lakeprop.lease"
+SHARED_MOUNTS = {"/Volumes/": "dbfs:/Volumes/", "/dbfs/": "dbfs:/"}
+"""Databricks FUSE mounts: local-looking paths on shared storage, and their URIs."""
+
+
+def shared_uri(location: str) -> str | None:
+    """The ``dbfs:/`` URI of a path on a Databricks FUSE mount; None for other paths."""
+    for mount, uri in SHARED_MOUNTS.items():
+        if location.startswith(mount):
+            return uri + location[len(mount) :]
+    return None
 
 
 class CheckpointInUseError(PermanentError):
@@ -68,7 +81,7 @@ class CheckpointLock:
 
     def __init__(self, spark: SparkSession, location: str, ttl: float = 60.0) -> None:
         self.spark = spark
-        self.location = location.rstrip("/")
+        self.location = (shared_uri(location) or location).rstrip("/")
         self.ttl = ttl
         self.me = _owner()
         self._file: IO[str] | None = None
