@@ -42,6 +42,7 @@ _DURATIONS = {
     "watermark_flush_interval",
     "status_flush_interval",
     "gc_interval",
+    "identity_check_interval",
     "gc_retention",
     "sweep_interval",
 }
@@ -183,6 +184,10 @@ class EngineConfig:
     restart rolls the catalog forward from the history, and the client reads
     it there too), so a tick that only advances watermarks commits no catalog.
     """
+    identity_check_interval: float = 60.0
+    """How often an unchanged source's identity is read again (and at the first probe
+    after a start): a table dropped and re-created at the version its jobs stand
+    on looks unchanged otherwise."""
     gc_interval: float = 3600.0
     gc_retention: float = 86400.0
     """Dropped jobs' catalog rows are removed this long after their drop."""

@@ -99,7 +99,8 @@ def add_rows(spark: SparkSession, path: str, ids: range) -> None:
 def test_dropped_and_replaced_sources_fail_their_jobs_and_others_carry_on(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
-    paths = {t: cdf_source(spark, app_config, "s", t) for t in ("gone", "swapped", "small", "ok")}
+    names = ("gone", "swapped", "small", "same", "ok")
+    paths = {t: cdf_source(spark, app_config, "s", t) for t in names}
     for path in paths.values():
         add_rows(spark, path, range(1, 4))
         add_rows(spark, path, range(4, 6))
@@ -116,16 +117,17 @@ def test_dropped_and_replaced_sources_fail_their_jobs_and_others_carry_on(
         gone = wait_for_error(spark, app_config, keys["gone"], ErrorCode.SOURCE_NOT_DELTA)
         assert "no longer exists" in gone and "re-register" in gone
         wait_for_watermark(spark, app_config, keys["ok"], 3)
-    # The TRUNCATE case: a new table where the old one was, younger or older than 2.
+    # The TRUNCATE case: a new table where the old one was, younger or older than 2,
+    # or at 2 exactly (it looks unchanged: its identity is read at the first probe).
     # Swapped while the service is down: a tick between the drop and the re-create
     # would rightly find the source gone, not replaced.
-    for t, commits in (("swapped", 4), ("small", 0)):
+    for t, commits in (("swapped", 4), ("small", 0), ("same", 2)):
         shutil.rmtree(paths[t])
         cdf_source(spark, app_config, "s", t)
         for c in range(commits):
             add_rows(spark, paths[t], range(10 * c, 10 * c + 2))
     with running(spark, app_config):
-        for t in ("swapped", "small"):
+        for t in ("swapped", "small", "same"):
             replaced = wait_for_error(spark, app_config, keys[t], ErrorCode.SOURCE_REPLACED)
             assert "replaced by a new table" in replaced and "re-register" in replaced
         # re-registering follows the new table from scratch

@@ -50,6 +50,7 @@ class TriggerSelection:
         max_versions: int | None = None,
         dirty: DirtyTables | None = None,
         max_rows: int = 0,
+        identity_interval: float = 60.0,
     ) -> None:
         self.tables = tables
         self.probe = tables.probe
@@ -64,6 +65,10 @@ class TriggerSelection:
         self.latest: dict[TableRef, int] = {}
         """Each table's latest version as its last probe found it (job lag, metrics)."""
         self._commit_times: dict[tuple[TableRef, int], float | None] = {}
+        self.identity_interval = identity_interval
+        """How often an unchanged table's identity is read again: a table dropped and
+        re-created at its jobs' watermark version looks unchanged to the probe."""
+        self._identity_checked: dict[TableRef, float] = {}
 
     def spec(self, row: CatalogRow) -> JobSpec:
         """The job's parsed spec (parsed again only when it changed)."""
@@ -141,6 +146,11 @@ class TriggerSelection:
         selected.probed += 1
         name = (table.database, table.table)
         location = self._location(table)
+        if changed is False and self._identity_due(table, now):
+            # read from the first commit only: where log clean-up removed it, skip
+            current = self.probe.table_id(location)
+            if current is not None and any(rows[v.ref].table_id != current for v in views):
+                views = self._same_source(table, views, rows, selected)
         if not changed:
             found: int | None = since
             if changed is None:
@@ -177,6 +187,14 @@ class TriggerSelection:
         )
         selected.plans += table_plan.iterations
         selected.fresh += table_plan.fresh
+
+    def _identity_due(self, table: TableRef, now: float) -> bool:
+        """Whether to read an unchanged table's identity now (at its first probe after
+        a start, then once per ``identity_interval``)."""
+        if now - self._identity_checked.get(table, float("-inf")) < self.identity_interval:
+            return False
+        self._identity_checked[table] = now
+        return True
 
     def _rows_of(self, location: str, version: int) -> int | None:
         """A version's change rows, from its commit file (read once per version)."""

@@ -190,7 +190,11 @@ class Runner:
         self.max_message_bytes = max_message_bytes
         self.clock = clock
         self.selection = TriggerSelection(
-            tables, engine.max_versions_per_iteration, dirty, engine.max_rows_per_iteration
+            tables,
+            engine.max_versions_per_iteration,
+            dirty,
+            engine.max_rows_per_iteration,
+            engine.identity_check_interval,
         )
         self.housekeeping = Housekeeping(catalog, engine, clock)
         self.retries: dict[JobRef, Retry] = {}
