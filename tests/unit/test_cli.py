@@ -1,13 +1,14 @@
-"""The CLI's text output and its answers to malformed input, without Spark or Kafka."""
+"""The CLI's text output, its answers to malformed input and its quiet Kafka client."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 import pytest
 
 from lakeprop.client import cli
-from lakeprop.client.api import JobInfo
+from lakeprop.client.api import JobInfo, Repeats
 from lakeprop.client.render import job_table
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
@@ -64,3 +65,18 @@ def test_malformed_input_gets_one_clear_line_and_no_traceback(
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
     assert f"[{int(ErrorCode.INVALID_ARGUMENT)}]" in err or "config file" in err
+
+
+def test_a_repeated_kafka_client_line_passes_once_a_minute() -> None:
+    now = [0.0]
+    repeats = Repeats(60.0, clock=lambda: now[0])
+
+    def passes(message: str) -> bool:
+        return repeats.filter(logging.LogRecord("k", logging.ERROR, "", 0, message, None, None))
+
+    refused = "127.0.0.1:{}/bootstrap: Connect failed: Connection refused (after {}ms)"
+    assert passes(refused.format(19092, 0))
+    assert not passes(refused.format(19092, 3))  # the same line, other timings
+    assert passes("Disconnected while requesting ApiVersion")  # another line
+    now[0] = 61.0
+    assert passes(refused.format(19092, 7))

@@ -14,8 +14,10 @@ watermarks on its status flush, the history at the end of every iteration.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -99,7 +101,7 @@ class JobInfo:
             key=row.key,
             job_id=row.job_id,
             table_id=row.table_id,
-            state=row.job_state,
+            state=row.job_state.value,
             watermark=row.watermark,
             spec=json.loads(row.job_spec),
             status=json.loads(row.job_status),
@@ -108,12 +110,40 @@ class JobInfo:
         )
 
 
+class Repeats(logging.Filter):
+    """Lets a message through once per ``window`` seconds: a broker that is down makes
+    the Kafka client log the same failed connection many times a second. Numbers
+    (ports aside, timings) do not make a message new."""
+
+    def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window = window
+        self.clock = clock
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        shape = re.sub(r"\d+", "#", record.getMessage())
+        now = self.clock()
+        if now - self._last.get(shape, float("-inf")) < self.window:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[shape] = now
+        return True
+
+
+KAFKA_LOG = logging.getLogger("lakeprop.kafka")
+"""Where the producer's own (librdkafka) log lines go, each repeat once a minute."""
+KAFKA_LOG.addFilter(Repeats())
+
+
 def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
     return {
         "bootstrap.servers": kafka.bootstrap_servers,
         "enable.idempotence": True,
         "acks": "all",
         "delivery.timeout.ms": int(kafka.delivery_timeout * 1000),
+        "logger": KAFKA_LOG,
         **kafka.options,
     }
 
@@ -192,16 +222,20 @@ class LakepropClient:
         self._deliver(self.notifications.topic, key, value, f"commit notice of {database}.{table}")
         return version
 
-    def _deliver(self, topic: str, key: bytes, value: bytes, what: str) -> None:
+    def _producer_ready(self) -> Any:
         from confluent_kafka import Producer
 
         if self._producer is None:
             self._producer = Producer(producer_config(self.kafka))
+        return self._producer
+
+    def _deliver(self, topic: str, key: bytes, value: bytes, what: str) -> None:
+        producer = self._producer_ready()
         delivered: list[Any] = []
-        self._producer.produce(
+        producer.produce(
             topic, key=key, value=value, on_delivery=lambda err, _: delivered.append(err)
         )
-        self._producer.flush(self.kafka.delivery_timeout + 5)
+        producer.flush(self.kafka.delivery_timeout + 5)
         if not delivered:
             raise DeliveryError(
                 f"{what} was not confirmed by {self.kafka.bootstrap_servers} "
@@ -222,23 +256,20 @@ class LakepropClient:
     ) -> list[Receipt]:
         """Produce every message, wait for the broker once, and return their receipts in
         order, or raise DeliveryError naming the first one that was not confirmed."""
-        from confluent_kafka import Producer
-
-        if self._producer is None:
-            self._producer = Producer(producer_config(self.kafka))
+        producer = self._producer_ready()
         delivered: dict[int, tuple[Any, Any]] = {}
         request_ids = []
         for i, (op, key, fields) in enumerate(messages):
             request_id, message_key, value = encode(op, key, **fields)
             request_ids.append(request_id)
-            self._producer.produce(
+            producer.produce(
                 self.kafka.topic,
                 key=message_key,
                 value=value,
                 on_delivery=lambda err, msg, i=i: delivered.__setitem__(i, (err, msg)),
             )
-            self._producer.poll(0)  # serve delivery callbacks, keep the queue short
-        self._producer.flush(self.kafka.delivery_timeout + 5)
+            producer.poll(0)  # serve delivery callbacks, keep the queue short
+        producer.flush(self.kafka.delivery_timeout + 5)
         receipts = []
         for i, (op, key, _) in enumerate(messages):
             if i not in delivered:
