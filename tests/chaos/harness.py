@@ -589,6 +589,10 @@ jars_dir = "{ROOT / ".cache" / "jars"}"
                     self.step()
             else:
                 self.drive(point, lambda: self.fired(cycle) == point, down)
+        except BaseException:
+            if following is not None:  # no cycle will let it in
+                self.kill_tree(following)
+            raise
         finally:
             fired = self.fired(cycle)
             self.kill_tree(proc)
