@@ -21,11 +21,12 @@ from lakeprop.errors import TemporaryError
 from lakeprop.notifications import CommitNotice, NoticeListener
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.runner import Runner
-from lakeprop.service.stream import start_query
+from lakeprop.service.stream import ChangelogOffsets, start_query
 from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
+from lakeprop.tables.hadoop import FilesFor
 from lakeprop.tables.resolve import Tables
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ class PropagationApp:
             config.kafka.max_message_bytes,
             dirty=self.dirty,
             observer=None if self.metrics is None else self.metrics.reported,
+            log_empty=ChangelogOffsets(
+                FilesFor(spark)(config.state.checkpoint_location),
+                config.state.checkpoint_location,
+                config.kafka.topic,
+            ).empty,
         )
         if self.metrics is not None:
             selection = self.runner.selection

@@ -178,9 +178,13 @@ class Runner:
         clock: Callable[[], float] = time.time,
         dirty: DirtyTables | None = None,
         observer: RunnerObserver | None = None,
+        log_empty: Callable[[int], bool] | None = None,
     ) -> None:
         self.spark = spark
         self.observer: RunnerObserver = observer or Unobserved()
+        self.log_empty = log_empty or (lambda _batch_id: False)
+        """Whether a micro-batch is known to hold no change log record (then it is not
+        collected: no Spark job); see :class:`~lakeprop.service.stream.ChangelogOffsets`."""
         self.engine = engine
         self.catalog = catalog
         self.outcomes = outcomes
@@ -203,6 +207,9 @@ class Runner:
         """Micro-batches processed (ticks), for waiting on the service without sleeping."""
         self.tables_probed = 0
         """Delta log probes of trigger selection since the start (metrics, tests)."""
+        self.log_collects = 0
+        """Micro-batches whose change log part was collected (a Spark job); the others
+        were known empty from the offset log."""
         self.timings: deque[BatchTimings] = deque(maxlen=10_000)
         """Phase timings of the latest micro-batches (benchmarks, metrics)."""
         self._batch_lock = threading.Lock()
@@ -239,7 +246,8 @@ class Runner:
             with timed("results"):
                 self.record_results()
             with timed("log"):
-                self.apply_log(log_records(batch), batch_id)
+                records = [] if self.log_empty(batch_id) else self._collect(batch)
+                self.apply_log(records, batch_id)
             with timed("selection"):
                 if self.scheduler.started:
                     tick = self.tick()
@@ -251,6 +259,10 @@ class Runner:
                     fault_point("catalog.written")
             self.batches += 1
         self.observer.batch(self.timings[-1], tick)
+
+    def _collect(self, batch: DataFrame) -> list[LogRecord]:
+        self.log_collects += 1
+        return log_records(batch)
 
     @contextmanager
     def _processing(self, batch_id: int) -> Iterator[Callable[[str], AbstractContextManager[None]]]:

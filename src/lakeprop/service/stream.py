@@ -10,8 +10,10 @@ part of the query from the first run on.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -19,6 +21,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.changelog import LogRecord
 from lakeprop.config import AppConfig, KafkaConfig
+from lakeprop.tables.hadoop import Files
 
 RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "is_tick")
 
@@ -102,3 +105,47 @@ def log_records(batch: DataFrame) -> list[LogRecord]:
         for r in rows
     ]
     return sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
+
+
+class ChangelogOffsets:
+    """Whether a micro-batch holds change log records, from the query's offset log.
+
+    Spark writes ``<checkpoint>/offsets/<batch id>`` (each source's end offsets)
+    before it runs the batch, which reads the change log from the previous
+    batch's end offsets to its own. Equal change log offsets in the two files
+    mean no record, and the batch is known empty without the Spark job that
+    collecting it costs: most ticks of a quiet log. One small file read a tick
+    (the previous batch's offsets are remembered). Anything unexpected (no file,
+    a batch without a predecessor, offsets not of the change log topic) answers
+    "not known empty", and the batch is collected.
+    """
+
+    def __init__(self, files: Files, checkpoint: str, topic: str) -> None:
+        self.files = files
+        self.directory = checkpoint.rstrip("/") + "/offsets"
+        self.topic = topic
+        self._seen: tuple[int, Any] | None = None
+
+    def empty(self, batch_id: int) -> bool:
+        if batch_id <= 0:
+            return False
+        before = self._seen[1] if self._seen and self._seen[0] == batch_id - 1 else None
+        if before is None:
+            before = self._offsets(batch_id - 1)
+        now = self._offsets(batch_id)
+        self._seen = (batch_id, now)
+        return now is not None and now == before
+
+    def _offsets(self, batch_id: int) -> Any:
+        """The change log topic's offsets in the batch's offset file, or None."""
+        for line in self.files.lines(f"{self.directory}/{batch_id}"):
+            if not line.startswith("{"):
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                return None
+            if isinstance(value, dict) and list(value) == [self.topic]:
+                offsets = value[self.topic]
+                return offsets if isinstance(offsets, dict) and offsets else None
+        return None
