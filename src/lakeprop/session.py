@@ -7,12 +7,19 @@ Under ``spark-submit`` or on Databricks a session already exists and
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from lakeprop.config import SparkConfig
 from lakeprop.errors import InvalidConfigError
+
+PACKAGES = (
+    "io.delta:delta-spark_4.0_2.13:4.3.0",
+    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0",
+)
+"""Delta and the Kafka connector by Maven coordinates (as ``spark-submit.sh`` ships them)."""
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -37,3 +44,21 @@ def build_session(config: SparkConfig) -> SparkSession:
     if config.packages:
         builder = builder.config("spark.jars.packages", ",".join(config.packages))
     return builder.getOrCreate()
+
+
+def client_spark_config(config: SparkConfig) -> SparkConfig:
+    """How a client process (a CLI verb, a notebook outside Databricks) builds its
+    session from the service's config: a small local one, quiet on stdout.
+
+    A cluster config names the service's master and leaves the jars to
+    ``spark-submit``; a client that only reads state tables must not start an
+    application on that cluster, and needs Delta on its own classpath: ``local[1]``
+    unless ``spark.master`` is set, and the Maven coordinates unless ``jars_dir``
+    or ``packages`` is.
+    """
+    return replace(
+        config,
+        master=config.master or "local[1]",
+        packages=config.packages or (() if config.jars_dir else PACKAGES),
+        conf={"spark.ui.showConsoleProgress": "false", **config.conf},
+    )

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 
 from lakeprop.client import cli
-from lakeprop.client.api import JobInfo, Repeats
+from lakeprop.client.api import JobInfo, Progress, Repeats
 from lakeprop.client.render import job_table
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
@@ -80,3 +80,14 @@ def test_a_repeated_kafka_client_line_passes_once_a_minute() -> None:
     assert passes("Disconnected while requesting ApiVersion")  # another line
     now[0] = 61.0
     assert passes(refused.format(19092, 7))
+
+
+def test_a_long_wait_reports_every_few_seconds_and_a_short_one_never() -> None:
+    now = [100.0]
+    heard: list[str] = []
+    tell = Progress(heard.append, every=5.0, clock=lambda: now[0])
+    for t in (100.0, 103.0, 105.0, 107.0, 110.5, 111.0):
+        now[0] = t
+        tell("waiting for job j")
+    assert heard == ["waiting for job j (5s)", "waiting for job j (10s)"]
+    Progress(None)("nobody listens")  # no reporter: nothing happens

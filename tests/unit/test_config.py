@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lakeprop.config import AppConfig, load_config
+from lakeprop.config import AppConfig, SparkConfig, load_config
 from lakeprop.errors import InvalidConfigError
+from lakeprop.session import PACKAGES, client_spark_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,3 +80,15 @@ def test_a_missing_secret_variable_is_named() -> None:
 def test_missing_or_broken_files() -> None:
     with pytest.raises(InvalidConfigError, match="does not exist"):
         load_config("/nonexistent.toml", environ={})
+
+
+def test_a_client_session_is_local_and_brings_delta_unless_the_config_says_otherwise() -> None:
+    cluster = SparkConfig(app_name="x", master=None, conf={"spark.scheduler.mode": "FAIR"})
+    client = client_spark_config(cluster)
+    assert (client.master, client.packages) == ("local[1]", PACKAGES)
+    assert client.conf == {"spark.ui.showConsoleProgress": "false", "spark.scheduler.mode": "FAIR"}
+    local = SparkConfig(master="local[2]", jars_dir="/jars")
+    assert (client_spark_config(local).master, client_spark_config(local).packages) == (
+        "local[2]",
+        (),
+    )

@@ -132,6 +132,29 @@ class Repeats(logging.Filter):
         return True
 
 
+class Progress:
+    """Reports a long wait to a person: ``report`` hears the message, with the seconds
+    waited, at most once per ``every`` seconds (the first time after ``every``)."""
+
+    def __init__(
+        self,
+        report: Callable[[str], None] | None,
+        every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.report = report
+        self.every = every
+        self.clock = clock
+        self.started = clock()
+        self._next = self.started + every
+
+    def __call__(self, message: str) -> None:
+        now = self.clock()
+        if self.report is not None and now >= self._next:
+            self.report(f"{message} ({now - self.started:.0f}s)")
+            self._next = now + self.every
+
+
 KAFKA_LOG = logging.getLogger("lakeprop.kafka")
 """Where the producer's own (librdkafka) log lines go, each repeat once a minute."""
 KAFKA_LOG.addFilter(Repeats())
@@ -376,15 +399,22 @@ class LakepropClient:
         return rows[0].asDict() if rows else None
 
     def wait_for_outcome(
-        self, receipt: Receipt, timeout: float = 60.0, poll: float = 0.5
+        self,
+        receipt: Receipt,
+        timeout: float = 60.0,
+        poll: float = 0.5,
+        progress: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         """Block until the service has applied (or rejected) the request.
 
         The requests table is read again only after a new commit to it.
+        ``progress`` hears how long it has waited, every few seconds.
         """
         deadline = time.monotonic() + timeout
         watch = TableWatch(self.spark, self.state.table_path(REQUESTS_TABLE))
+        tell = Progress(progress)
         while True:
+            tell(f"waiting for the service's verdict on {receipt.request_id}")
             outcome = self.request_outcome(receipt.request_id) if watch.changed() else None
             if outcome is not None:
                 return outcome
@@ -419,6 +449,7 @@ class LakepropClient:
         version: int | str = LATEST,
         timeout: float = 300.0,
         poll: float = 0.5,
+        progress: Callable[[str], None] | None = None,
     ) -> JobInfo:
         """Block until the live job ``key`` has consumed source version ``version``.
 
@@ -430,7 +461,8 @@ class LakepropClient:
         where the job stands. A job that is not live yet (the service has not
         applied its register, or it was dropped and is being registered again)
         is waited for. The job is read again only after a new commit to the
-        catalog or the iteration history.
+        catalog or the iteration history. ``progress`` hears where the job
+        stands, every few seconds.
         """
         if version == LATEST:
             target = self.source_version(key.database, key.table)
@@ -446,9 +478,11 @@ class LakepropClient:
             for name in (CATALOG_TABLE, HISTORY_TABLE)
         ]
         job: JobInfo | None = None
+        tell = Progress(progress)
         while True:
             if any([w.changed() for w in watches]):
                 job = self._job(key)
+            tell(f"waiting for job {key} to reach version {target}: it {_where(job)}")
             if job is not None and job.drop_at is None:
                 if job.watermark is not None and job.watermark >= target:
                     return job

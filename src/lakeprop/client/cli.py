@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,11 @@ def _spec_from_flags(args: argparse.Namespace, *, partial: bool) -> dict[str, An
     return spec
 
 
+def _on_stderr(message: str) -> None:
+    """Progress of a long wait: on stderr, so stdout keeps only the result."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
@@ -137,11 +142,11 @@ def _maybe_start_broker(config: AppConfig) -> Any:
 
 
 def _session(config: AppConfig) -> Any:
-    """A session for a CLI verb: quiet, so stdout holds only the command's result."""
-    from lakeprop.session import build_session
+    """A session for a CLI verb (:func:`~lakeprop.session.client_spark_config`): local,
+    quiet, so stdout holds only the command's result."""
+    from lakeprop.session import build_session, client_spark_config
 
-    quiet = {"spark.ui.showConsoleProgress": "false", **config.spark.conf}
-    spark = build_session(replace(config.spark, conf=quiet))
+    spark = build_session(client_spark_config(config.spark))
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -170,7 +175,7 @@ def _send(args: argparse.Namespace, action: str) -> int:
     client.close()
     _print(asdict(receipt))
     if args.wait:
-        outcome = client.wait_for_outcome(receipt, timeout=args.wait_timeout)
+        outcome = client.wait_for_outcome(receipt, timeout=args.wait_timeout, progress=_on_stderr)
         _print(outcome)
         return 0 if outcome["outcome"] in ("applied",) else 1
     return 0
@@ -204,7 +209,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     info = _client(args, with_spark=True).wait_for_watermark(
-        _key(args), args.version, timeout=args.timeout
+        _key(args), args.version, timeout=args.timeout, progress=_on_stderr
     )
     _print(asdict(info))
     return 0

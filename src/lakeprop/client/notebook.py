@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +198,9 @@ def open_notebook(
     if spark is None:
         spark = SparkSession.getActiveSession()
     if spark is None:
-        from lakeprop.session import build_session
+        from lakeprop.session import build_session, client_spark_config
 
-        quiet = {"spark.ui.showConsoleProgress": "false", **app_config.spark.conf}
-        spark = build_session(replace(app_config.spark, conf=quiet))
+        spark = build_session(client_spark_config(app_config.spark))
         spark.sparkContext.setLogLevel("ERROR")
     client = LakepropClient(app_config.kafka, app_config.state, spark, tables=app_config.tables)
     return Notebook(spark, app_config, client)
