@@ -42,3 +42,7 @@ clean-state: ## delete local state, checkpoint, warehouse and broker data (.lake
 	rm -rf .lakeprop
 
 .PHONY: help setup run test unit lint format bench chaos broker-start broker-stop clean-state
+
+notebooks: setup ## open the notebooks in JupyterLab (installs it into .venv once)
+	$(VENV)/bin/python -c "import jupyterlab" 2>/dev/null || $(VENV)/bin/pip install -q jupyterlab
+	$(VENV)/bin/jupyter lab notebooks/

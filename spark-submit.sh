@@ -8,7 +8,9 @@
 #   ./spark-submit.sh --master yarn --deploy-mode cluster --config conf/cluster.toml \
 #       [--conf spark.x=y ...] [--set section.key=value ...]
 #       Cluster: ships the library as a wheel (--py-files), the config with --files,
-#       and Delta + the Kafka connector by Maven coordinates (--packages).
+#       and Delta + the Kafka connector by Maven coordinates (--packages), or, with
+#       --jars-dir DIR, the jars in DIR (pre-fetched: no Ivy resolution at submit;
+#       `scripts/setup.sh` leaves them in .cache/jars).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
@@ -18,12 +20,14 @@ SETS=()
 SUBMIT=()
 MASTER=""
 DEPLOY_MODE="client"
+JARS_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) CONFIG="$2"; shift 2 ;;
     --set) SETS+=(--set "$2"); shift 2 ;;
     --master) MASTER="$2"; SUBMIT+=("$1" "$2"); shift 2 ;;
     --deploy-mode) DEPLOY_MODE="$2"; SUBMIT+=("$1" "$2"); shift 2 ;;
+    --jars-dir) JARS_DIR="$2"; shift 2 ;;
     *) SUBMIT+=("$1"); shift ;;
   esac
 done
@@ -47,7 +51,14 @@ else
   # The wheel and its one pure-Python dependency (metrics) travel as --py-files.
   rm -rf dist && "$VENV/bin/pip" wheel -q --no-deps -w dist . "prometheus-client==0.26.0"
   PY_FILES="$(ls dist/*.whl | paste -sd, -)"
-  SUBMIT+=(--packages "$PACKAGES" --py-files "$PY_FILES" --files "$CONFIG")
+  if [ -n "$JARS_DIR" ]; then
+    JARS="$(ls "$JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)"
+    [ -n "$JARS" ] || { echo "spark-submit.sh: no jars in $JARS_DIR" >&2; exit 1; }
+    SUBMIT+=(--jars "$JARS")
+  else
+    SUBMIT+=(--packages "$PACKAGES")
+  fi
+  SUBMIT+=(--py-files "$PY_FILES" --files "$CONFIG")
   if [ "$DEPLOY_MODE" = "cluster" ]; then
     # the driver runs in a container whose working directory holds the --files
     APP_ARGS=(--config "$(basename "$CONFIG")")
