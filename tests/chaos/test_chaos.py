@@ -19,7 +19,7 @@ def test_every_crash_is_survived_and_everything_comes_out_exactly_right(
     spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:
     # the bounded version: every fault point once (scripts/chaos.sh adds random kills)
-    settings = ChaosSettings(seed=1, random_kills=0)
+    settings = ChaosSettings(seed=1, random_kills=0, step_every=3.0)
     report = Chaos(spark, tmp_path / "chaos", kafka.bootstrap_servers, settings).run()
     print(report.summary())
     assert report.differences == []

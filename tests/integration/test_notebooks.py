@@ -125,8 +125,8 @@ def test_the_notebooks_show_the_state_of_a_real_run_with_a_plot_in_every_plot_ce
     )
     produce_raw(app_config.kafka.bootstrap_servers, app_config.kafka.topic, [(b"k", b"{bad")])
     docs = [(1, "a", "delta lake merge"), (2, "b", "kafka streams kafka"), (3, "c", "spark sql")]
-    with running(spark, app_config):
-        spark.createDataFrame(docs, DOCS).write.format("delta").mode("append").save(path)
+    spark.createDataFrame(docs, DOCS).write.format("delta").mode("append").save(path)
+    with running(spark, app_config):  # one snapshot of version 1 for each job
         for key in (copy, text_job):
             wait_for_watermark(spark, app_config, key, 1)
     config = kernel_config(app_config, tmp_path / "notebook.toml")
