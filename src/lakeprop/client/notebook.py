@@ -96,29 +96,11 @@ class Notebook:
 
     def iterations(self) -> pd.DataFrame:
         """One row per job of every iteration, oldest first, with its duration."""
-        members = self._table(HISTORY_TABLE).select(
-            "iteration_id",
-            "account_id",
-            "database",
-            "table",
-            "kind",
-            "from_version",
-            "to_version",
-            "rows_read",
-            "started_at",
-            "ended_at",
-            "outcome",
-            F.explode("members").alias("m"),
-        )
+        history = self._table(HISTORY_TABLE)
+        members = history.select(*ITERATION_FIELDS, F.explode("members").alias("m"))
         rows = members.select(
-            "*",
-            F.col("m.job_id").alias("job_id"),
-            F.col("m.job_name").alias("job"),
-            F.col("m.consumer_type").alias("consumer"),
-            F.col("m.rows_written").alias("rows_written"),
-            F.col("m.error_code").alias("error_code"),
-            F.col("m.error_msg").alias("error_msg"),
-        ).drop("m")
+            *ITERATION_FIELDS, *(F.col(f"m.{f}").alias(name) for name, f in MEMBER_FIELDS.items())
+        )
         frame = pd.DataFrame([r.asDict() for r in rows.collect()], columns=ITERATION_COLUMNS)
         frame["duration_s"] = (frame["ended_at"] - frame["started_at"]).dt.total_seconds()
         return frame.sort_values("ended_at", ignore_index=True)
@@ -167,7 +149,7 @@ JOB_COLUMNS = [
     "create_at",
     "drop_at",
 ]
-ITERATION_COLUMNS = [
+ITERATION_FIELDS = [
     "iteration_id",
     "account_id",
     "database",
@@ -179,13 +161,18 @@ ITERATION_COLUMNS = [
     "started_at",
     "ended_at",
     "outcome",
-    "job_id",
-    "job",
-    "consumer",
-    "rows_written",
-    "error_code",
-    "error_msg",
 ]
+MEMBER_FIELDS = {
+    "job_id": "job_id",
+    "job": "job_name",
+    "consumer": "consumer_type",
+    "rows_written": "rows_written",
+    "error_code": "error_code",
+    "error_msg": "error_msg",
+}
+"""Columns of :meth:`Notebook.iterations`: the iteration's, then its member's (named
+here as in the other frames)."""
+ITERATION_COLUMNS = [*ITERATION_FIELDS, *MEMBER_FIELDS]
 
 
 def open_notebook(

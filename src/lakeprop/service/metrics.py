@@ -49,73 +49,49 @@ class ServiceMetrics:
         selection_jobs: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.tick_phase = Histogram(
-            "lakeprop_tick_phase_seconds",
-            "Seconds one micro-batch (tick) spent in each phase",
-            ["phase"],
-            registry=r,
-            buckets=_SECONDS,
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry)
+
+        def seconds(name: str, doc: str, *labels: str) -> Histogram:
+            return Histogram(name, doc, labels, registry=self.registry, buckets=_SECONDS)
+
+        # per tick
+        self.ticks = counter("lakeprop_ticks", "Micro-batches processed")
+        self.tick_phase = seconds(
+            "lakeprop_tick_phase_seconds", "Seconds one micro-batch spent in each phase", "phase"
         )
-        self.ticks = Counter("lakeprop_ticks", "Micro-batches processed", registry=r)
-        self.tables_probed = Counter(
-            "lakeprop_tables_probed", "Source tables probed by trigger selection", registry=r
+        self.tables_probed = counter(
+            "lakeprop_tables_probed", "Source tables probed by trigger selection"
         )
-        self.tables_changed = Counter(
-            "lakeprop_tables_changed", "Probed source tables found changed", registry=r
+        self.tables_changed = counter("lakeprop_tables_changed", "Probed tables found changed")
+        self.selection_spark_jobs = counter(
+            "lakeprop_selection_spark_jobs", "Spark jobs trigger selection launched (never)"
         )
-        self.selection_spark_jobs = Counter(
-            "lakeprop_selection_spark_jobs",
-            "Spark jobs trigger selection launched (it never should)",
-            registry=r,
+        # per iteration
+        self.iteration_seconds = seconds(
+            "lakeprop_iteration_seconds", "Iteration duration", "kind", "outcome"
         )
-        self.iteration_seconds = Histogram(
-            "lakeprop_iteration_seconds",
-            "Iteration duration, by kind and outcome",
-            ["kind", "outcome"],
-            registry=r,
-            buckets=_SECONDS,
+        self.queue_wait = seconds(
+            "lakeprop_iteration_queue_wait_seconds", "From planned to a worker starting it", "kind"
         )
-        self.queue_wait = Histogram(
-            "lakeprop_iteration_queue_wait_seconds",
-            "Seconds an iteration waited for a worker after it was planned",
-            ["kind"],
-            registry=r,
-            buckets=_SECONDS,
+        self.rows_read = counter(
+            "lakeprop_iteration_rows_read", "Change (tail) or source (snapshot) rows read", "kind"
         )
-        self.rows_read = Counter(
-            "lakeprop_iteration_rows_read",
-            "Change rows (tail) or source rows (snapshot) iterations read",
-            ["kind"],
-            registry=r,
+        self.rows_written = counter(
+            "lakeprop_consumer_rows_written", "Rows consumers wrote", "consumer"
         )
-        self.rows_written = Counter(
-            "lakeprop_consumer_rows_written",
-            "Rows consumers wrote, by consumer type",
-            ["consumer"],
-            registry=r,
+        self.iteration_spark_jobs = counter(
+            "lakeprop_iteration_spark_jobs", "Spark jobs iterations launched", "kind"
         )
-        self.iteration_spark_jobs = Counter(
-            "lakeprop_iteration_spark_jobs", "Spark jobs iterations launched", ["kind"], registry=r
+        self.job_errors = counter(
+            "lakeprop_job_errors", "Failed consumer runs of iterations", "code"
         )
-        self.job_errors = Counter(
-            "lakeprop_job_errors",
-            "Failed consumer runs of iterations, by error code",
-            ["code"],
-            registry=r,
+        # the change log
+        self.verdicts_total = counter(
+            "lakeprop_verdicts", "Change log messages given a verdict", "outcome"
         )
-        self.verdicts_total = Counter(
-            "lakeprop_verdicts",
-            "Change log messages given a verdict, by outcome",
-            ["outcome"],
-            registry=r,
-        )
-        self.rejects = Counter(
-            "lakeprop_rejects",
-            "Change log messages rejected, by error code",
-            ["code"],
-            registry=r,
-        )
+        self.rejects = counter("lakeprop_rejects", "Change log messages rejected", "code")
         self._selection_jobs = selection_jobs
         """Spark jobs of the selection's job group so far (Spark's status tracker)."""
         self._selection_jobs_seen = selection_jobs()
