@@ -137,8 +137,13 @@ class ChangelogOffsets:
         return now is not None and now == before
 
     def _offsets(self, batch_id: int) -> Any:
-        """The change log topic's offsets in the batch's offset file, or None."""
-        for line in self.files.lines(f"{self.directory}/{batch_id}"):
+        """The change log topic's offsets in the batch's offset file, or None (also
+        when the file cannot be read: the batch is collected then)."""
+        try:
+            lines = list(self.files.lines(f"{self.directory}/{batch_id}"))
+        except Exception:  # storage trouble: not known empty
+            return None
+        for line in lines:
             if not line.startswith("{"):
                 continue
             try:
