@@ -67,6 +67,7 @@ from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.catalog import job_id_for
 from lakeprop.tables.probe import DeltaLogProbe
+from tests.support.spark import spark_toml
 
 log = logging.getLogger("chaos")
 
@@ -254,22 +255,7 @@ iteration_timeout = "120s"
 watermark_flush_interval = "4s"
 gc_interval = "4s"
 gc_retention = "4s"
-[spark]
-app_name = "lakeprop-chaos"
-master = "local[2]"
-jars_dir = "{ROOT / ".cache" / "jars"}"
-[spark.conf]
-"spark.ui.enabled" = "false"
-"spark.log.level" = "WARN"
-"spark.ui.showConsoleProgress" = "false"
-"spark.sql.shuffle.partitions" = "2"
-"spark.default.parallelism" = "2"
-"spark.scheduler.mode" = "FAIR"
-"spark.sql.session.timeZone" = "UTC"
-"spark.databricks.delta.snapshotPartitions" = "2"
-"spark.sql.codegen.wholeStage" = "false"
-"spark.sql.codegen.factoryMode" = "NO_CODEGEN"
-"""
+{spark_toml("lakeprop-chaos")}"""
         )
         return path
 

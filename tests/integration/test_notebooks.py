@@ -24,6 +24,7 @@ from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, running, wait_for_watermark
 from tests.support.kafka import produce_raw
+from tests.support.spark import spark_toml
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +45,7 @@ location = "{config.state.location}"
 checkpoint_location = "{config.state.checkpoint_location}"
 [tables]
 warehouse = "{config.tables.warehouse}"
-[spark]
-app_name = "lakeprop-notebook"
-master = "local[1]"
-jars_dir = "{ROOT / ".cache" / "jars"}"
-[spark.conf]
-"spark.ui.enabled" = "false"
-"spark.sql.shuffle.partitions" = "1"
-"spark.sql.session.timeZone" = "UTC"
-"""
+{spark_toml("lakeprop-notebook", "local[1]")}"""
     )
     return path
 

@@ -42,3 +42,13 @@ def local_session(app_name: str = "lakeprop-tests") -> SparkSession:
             conf=TEST_CONF,
         )
     )
+
+
+def spark_toml(app_name: str, master: str = "local[2]") -> str:
+    """The ``[spark]`` sections of a config file for a child process (a killed
+    service, a notebook kernel): the settings of the tests' own session."""
+    conf = "".join(f'"{key}" = "{value}"\n' for key, value in TEST_CONF.items())
+    return (
+        f'[spark]\napp_name = "{app_name}"\nmaster = "{master}"\n'
+        f'jars_dir = "{ROOT / ".cache" / "jars"}"\n[spark.conf]\n{conf}'
+    )
