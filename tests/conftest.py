@@ -32,9 +32,10 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """The one SparkSession of a test run."""
-    session = local_session()
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """The one SparkSession of a test run, with an embedded Hive metastore for the
+    tests of metastore tables (path-based tests never touch it)."""
+    session = local_session(metastore=tmp_path_factory.mktemp("metastore"))
     try:
         yield session
     finally:

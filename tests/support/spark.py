@@ -32,14 +32,29 @@ TEST_CONF = {
 }
 
 
-def local_session(app_name: str = "lakeprop-tests") -> SparkSession:
-    """Local Spark with Delta and the Kafka connector from .cache/jars."""
+def hive_conf(directory: Path) -> dict[str, str]:
+    """An embedded Hive metastore (Derby) and its warehouse under ``directory``:
+    what ``enableHiveSupport`` gives, kept out of the working directory. Derby
+    lets one process at a time open it, so only the tests' own session has one."""
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": str(directory / "warehouse"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={directory / 'metastore_db'};create=true"
+        ),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={directory}",
+    }
+
+
+def local_session(app_name: str = "lakeprop-tests", metastore: Path | None = None) -> SparkSession:
+    """Local Spark with Delta and the Kafka connector from .cache/jars, and with
+    ``metastore`` a Hive metastore there."""
     return build_session(
         SparkConfig(
             app_name=app_name,
             master="local[2]",
             jars_dir=str(ROOT / ".cache" / "jars"),
-            conf=TEST_CONF,
+            conf={**TEST_CONF, **(hive_conf(metastore) if metastore else {})},
         )
     )
 
