@@ -85,6 +85,11 @@ trap stop INT TERM
 set +e
 wait "$SUBMIT_PID"
 status=$?
-# wait returns early when a trapped signal arrives; wait again for the real exit.
-while kill -0 "$SUBMIT_PID" 2>/dev/null; do wait "$SUBMIT_PID"; status=$?; done
+# wait returns early (128 + the signal) when a trapped signal arrives: wait again
+# for spark-submit's own exit status (bash keeps it once the process has ended).
+while [ "$status" -gt 128 ]; do
+  wait "$SUBMIT_PID"
+  status=$?
+  kill -0 "$SUBMIT_PID" 2>/dev/null || break
+done
 exit "$status"

@@ -86,6 +86,12 @@ def test_cli_register_update_status_list_unregister(
     make_source(spark, app_config, "shop", "items")
     base = cli_settings(app_config)
     key = ["--account", "3", "--database", "shop", "--table", "items", "--name", "copy"]
+
+    def no_spark(*_: object) -> None:
+        raise AssertionError("a verb that only produces to Kafka started Spark")
+
+    # verbs that only send to the change log never build a session
+    monkeypatch.setattr("lakeprop.session.build_session", no_spark)
     assert (
         cli.main(
             [
@@ -105,6 +111,7 @@ def test_cli_register_update_status_list_unregister(
         == 0
     )
     assert cli.main([*base, "update-spec", *key, "--priority", "8"]) == 0
+    monkeypatch.undo()
     # before the service ever ran: one clear line, no traceback
     capsys.readouterr()
     assert cli.main([*base, "status", *key]) == 1

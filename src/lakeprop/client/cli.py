@@ -116,6 +116,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         spark = build_session(config.spark)
+        log.info(
+            "lakeprop from %s, Spark %s, master %s, Python %s",
+            Path(__file__).parents[1],
+            spark.version,
+            spark.sparkContext.master,
+            sys.executable,
+        )
         faults.await_gate()
         PropagationApp(spark, config).run_until(stop)
         log.info("stopped cleanly")
