@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import catchup, fanout, latency, registration, scale  # noqa: E402
+from bench import catchup, fairness, fanout, latency, registration, scale  # noqa: E402
 from bench.common import Result  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
 from tests.support.spark import local_session  # noqa: E402
@@ -31,6 +31,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "fanout": {"k": 2, "rows": 50, "commits": 1, "changes": 10},
         "catchup": {"rows": 1000, "repeats": 1},
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
+        "fairness": {"backlog": 6},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -38,6 +39,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
         "catchup": {"rows": 200_000, "repeats": 3},
         "latency": {"tick": 1, "commits": 20, "gap_ms": 2000},
+        "fairness": {"backlog": 200},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -45,6 +47,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
         "catchup": {"rows": 1_000_000, "repeats": 3},
         "latency": {"tick": 5, "commits": 20, "gap_ms": 2000},
+        "fairness": {"backlog": 200},
     },
 }
 
@@ -54,6 +57,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "fanout": fanout.run,
     "catchup": catchup.run,
     "latency": latency.run,
+    "fairness": fairness.run,
 }
 
 

@@ -243,6 +243,67 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class AccountConfig:
+    """One account's values under ``[tenants.accounts."<id>"]``; a value it does not
+    set comes from ``[tenants]``."""
+
+    weight: float | None = None
+    max_live_jobs: int | None = None
+    max_concurrent_iterations: int | None = None
+    max_rows_per_iteration: int | None = None
+    max_rows_in_flight: int | None = None
+    databases: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _tenant_values(self, "tenants.accounts")
+
+
+@dataclass(frozen=True)
+class TenantsConfig:
+    """Accounts as tenants (:mod:`lakeprop.tenants`): weight, quotas and scope of
+    every account, and per account under ``accounts`` (keyed by account id).
+    Quotas of 0 mean none; an empty ``databases`` means any database."""
+
+    weight: float = 1.0
+    max_live_jobs: int = 0
+    max_concurrent_iterations: int = 0
+    max_rows_per_iteration: int = 0
+    max_rows_in_flight: int = 0
+    databases: tuple[str, ...] = ()
+    accounts: dict[str, AccountConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _tenant_values(self, "tenants")
+        for account in self.accounts:
+            if not account.isdigit():
+                raise InvalidConfigError(
+                    f"tenants.accounts keys are account ids (0, 1, ...), got {account!r}"
+                )
+
+
+def _tenant_values(values: AccountConfig | TenantsConfig, where: str) -> None:
+    if values.weight is not None and (
+        isinstance(values.weight, bool)
+        or not isinstance(values.weight, int | float)
+        or values.weight <= 0
+    ):
+        raise InvalidConfigError(f"{where}.weight must be a positive number, got {values.weight!r}")
+    for name in (
+        "max_live_jobs",
+        "max_concurrent_iterations",
+        "max_rows_per_iteration",
+        "max_rows_in_flight",
+    ):
+        value = getattr(values, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise InvalidConfigError(f"{where}.{name} must be 0 (none) or positive, got {value!r}")
+    if values.databases is not None and not all(isinstance(d, str) for d in values.databases):
+        raise InvalidConfigError(f"{where}.databases must be a list of names or patterns")
+
+
+@dataclass(frozen=True)
 class AppConfig:
     """Everything the streaming app needs."""
 
@@ -254,6 +315,7 @@ class AppConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     notifications: NotificationsConfig = field(default_factory=NotificationsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tenants: TenantsConfig = field(default_factory=TenantsConfig)
     tick_interval: float = 10.0
     """Seconds between micro-batches: the runner's scan interval (seed: 10 s)."""
     query_name: str = "lakeprop-changelog"
@@ -323,8 +385,16 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:  # noqa: C901
                 kwargs[name] = parse_duration(value, path)
             except LakepropError as exc:
                 raise InvalidConfigError(str(exc)) from None
-        elif name == "packages":
+        elif name in ("packages", "databases"):
+            if not isinstance(value, list | tuple):
+                raise InvalidConfigError(f"{path} must be a list")
             kwargs[name] = tuple(value)
+        elif name == "accounts":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise InvalidConfigError(f"{path} must be a table of sections, one per account")
+            kwargs[name] = {
+                str(k): _build(AccountConfig, v, f"{path}.{k}") for k, v in value.items()
+            }
         elif name in ("conf", "options", "source_options"):
             if not isinstance(value, dict):
                 raise InvalidConfigError(f"{path} must be a table of strings")

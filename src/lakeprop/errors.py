@@ -42,6 +42,9 @@ class ErrorCode(IntEnum):
     SOURCE_REPLACED = 10202
     TARGET_MISSING = 10300
     CONSUMER_FAILED = 10400
+    QUOTA_EXCEEDED = 10500
+    OUT_OF_SCOPE = 10501
+    TARGET_NOT_ALLOWED = 10502
 
 
 TEMPORARY_LIMIT = 10000
@@ -122,6 +125,13 @@ class SourceTableError(PermanentError):
     """The source table of a job is missing, not a Delta table, or lacks a column."""
 
     default_code = ErrorCode.SOURCE_NOT_DELTA
+
+
+class TenantError(PermanentError):
+    """A job its account may not have: over a quota, outside its scope, or writing
+    a table that is not its account's to write."""
+
+    default_code = ErrorCode.QUOTA_EXCEEDED
 
 
 class DeliveryError(TemporaryError):

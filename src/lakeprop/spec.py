@@ -270,3 +270,12 @@ def merge_spec(current: Mapping[str, Any], update: Mapping[str, Any]) -> dict[st
         iteration["consumer"] = {**cur_consumer, **new_consumer, "options": options}
     merged["iteration"] = iteration
     return merged
+
+
+def target_table(key: JobKey, options: Mapping[str, Any]) -> tuple[str, str]:
+    """(database, table) of a consumer's target: the options' target_database and
+    target_table, or <source database>.<source table>_<job name>."""
+    return (
+        options.get("target_database") or key.database,
+        options.get("target_table") or f"{key.table}_{key.job_name}",
+    )

@@ -16,7 +16,8 @@ from lakeprop.engine.model import (
     MemberResult,
     TableRef,
 )
-from lakeprop.service.metrics import JobGauges, ServiceMetrics
+from lakeprop.engine.scheduler import AccountLoad
+from lakeprop.service.metrics import AccountGauges, JobGauges, ServiceMetrics
 from lakeprop.service.runner import BatchTimings, TickSummary
 from lakeprop.state.outcomes import Outcome, Verdict
 from lakeprop.state.status import JobState
@@ -119,3 +120,16 @@ def test_job_gauges_read_watermark_lag_and_state_at_scrape_time() -> None:
     watermarks = [line for line in text.splitlines() if line.startswith("lakeprop_job_watermark{")]
     assert len(watermarks) == 2  # a new job has no watermark yet
     assert set(asked) == {4}  # only the behind job needs a commit time
+
+
+def test_account_gauges_show_the_schedulers_share_and_backpressure() -> None:
+    registry = CollectorRegistry()
+    loads = {1: AccountLoad(5, 2, 1200, 1700.5), 2: AccountLoad(0, 1, 30, None)}
+    registry.register(AccountGauges(lambda: loads))
+    one, two = {"account": "1"}, {"account": "2"}
+    assert sample(registry, "lakeprop_account_iterations_queued", **one) == 5
+    assert sample(registry, "lakeprop_account_iterations_running", **one) == 2
+    assert sample(registry, "lakeprop_account_rows_in_flight", **one) == 1200
+    assert sample(registry, "lakeprop_account_paused_since_seconds", **one) == 1700.5
+    assert sample(registry, "lakeprop_account_paused_since_seconds", **two) == 0
+    assert sample(registry, "lakeprop_account_rows_in_flight", **two) == 30

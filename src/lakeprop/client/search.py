@@ -20,9 +20,8 @@ from pyspark.sql import SparkSession
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Bm25, Tokenizer, bm25_search
-from lakeprop.consumers.options import target_table
 from lakeprop.errors import LakepropError
-from lakeprop.spec import JobKey
+from lakeprop.spec import JobKey, target_table
 from lakeprop.tables.resolve import Tables
 
 

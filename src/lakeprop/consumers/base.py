@@ -47,9 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakeprop.consumers.options import target_table
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
-from lakeprop.spec import JobKey
+from lakeprop.spec import JobKey, target_table
 from lakeprop.tables.probe import DeltaLogProbe
 
 if TYPE_CHECKING:

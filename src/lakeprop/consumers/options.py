@@ -7,7 +7,6 @@ from typing import Any
 
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.identifiers import validate_identifier
-from lakeprop.spec import JobKey
 
 TARGET_OPTIONS = frozenset({"target_database", "target_table"})
 
@@ -41,12 +40,3 @@ def target_options(options: Mapping[str, Any]) -> dict[str, str | None]:
         name: None if options.get(name) is None else validate_identifier(options[name], name)
         for name in sorted(TARGET_OPTIONS)
     }
-
-
-def target_table(key: JobKey, options: Mapping[str, Any]) -> tuple[str, str]:
-    """(database, table) of a consumer's target: the options' target_database and
-    target_table, or <source database>.<source table>_<job name>."""
-    return (
-        options.get("target_database") or key.database,
-        options.get("target_table") or f"{key.table}_{key.job_name}",
-    )

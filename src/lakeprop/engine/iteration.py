@@ -208,7 +208,7 @@ def _read(
             result.source_scans += 1
             counted = data.groupBy("_commit_version").count().collect()
             per_version = {int(r["_commit_version"]): int(r["count"]) for r in counted}
-            result.rows_read = sum(per_version.values())
+            result.rows_read = token.cached_rows = sum(per_version.values())
             return data, per_version
         except Exception as exc:
             if data is not None:
@@ -225,7 +225,7 @@ def _read(
             )
     snapshot = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
     result.source_scans += 1
-    result.rows_read = int(snapshot.count())
+    result.rows_read = token.cached_rows = int(snapshot.count())
     return snapshot, {}
 
 

@@ -79,12 +79,18 @@ class MemberJob:
 
 
 class CancelToken:
-    """Set when an iteration is cancelled (timeout, unregister, update, shutdown)."""
+    """Set when an iteration is cancelled (timeout, unregister, update, shutdown).
+
+    It also tells the scheduler what the running iteration holds: ``cached_rows``,
+    the rows of its persisted change set (the account's rows in flight, for
+    backpressure), set once the set is read and counted.
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
         self.code = ErrorCode.ITERATION_CANCELED
+        self.cached_rows = 0
 
     def cancel(self, reason: str, code: ErrorCode = ErrorCode.ITERATION_CANCELED) -> None:
         if not self._event.is_set():

@@ -38,7 +38,7 @@ from lakeprop.engine.model import (
     MemberResult,
     TableRef,
 )
-from lakeprop.engine.policy import Policy, priority_first
+from lakeprop.engine.policy import Load, Policy, priority_first
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobRef
 
@@ -47,6 +47,16 @@ log = logging.getLogger(__name__)
 Work = Callable[[SparkSession, CancelToken], IterationResult]
 
 SHUTTING_DOWN = "service shutting down"
+
+
+@dataclass(frozen=True)
+class AccountLoad:
+    """One account's share of the scheduler right now (metrics, status)."""
+
+    queued: int
+    running: int
+    cached_rows: int
+    paused_since: float | None
 
 
 @dataclass
@@ -184,7 +194,7 @@ class Scheduler:
     # -- worker side --------------------------------------------------------------------
 
     def _next(self) -> _Task | None:
-        task = self.policy(self._queued, self._busy_tables)
+        task = self.policy(self._queued, self._load())
         if task is None:
             return None
         self._queued.remove(task)
@@ -193,6 +203,35 @@ class Scheduler:
         task.started_at = time.monotonic()
         self._running[task.plan.iteration_id] = task
         return task
+
+    def _load(self) -> Load:
+        running: dict[int, int] = {}
+        cached: dict[int, int] = {}
+        for t in self._running.values():
+            account = t.plan.table.account_id
+            running[account] = running.get(account, 0) + 1
+            cached[account] = cached.get(account, 0) + t.token.cached_rows
+        return Load(self._busy_tables, running, cached)
+
+    def accounts(self) -> dict[int, AccountLoad]:
+        """Per account: iterations queued and running, rows in flight, and since
+        when it has been paused by backpressure (None: not paused)."""
+        with self._cond:
+            load = self._load()
+            queued: dict[int, int] = {}
+            for t in self._queued:
+                account = t.plan.table.account_id
+                queued[account] = queued.get(account, 0) + 1
+            paused: dict[int, float] = dict(getattr(self.policy, "paused", {}))
+        return {
+            a: AccountLoad(
+                queued.get(a, 0),
+                load.running.get(a, 0),
+                load.cached_rows.get(a, 0),
+                paused.get(a),
+            )
+            for a in sorted({*queued, *load.running, *paused})
+        }
 
     def _work_loop(self, index: int, generation: int) -> None:
         session = self.spark.newSession()

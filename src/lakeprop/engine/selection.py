@@ -13,7 +13,7 @@ versions of a table that is gone.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from lakeprop.engine.dirty import DirtyTables
@@ -49,13 +49,14 @@ class TriggerSelection:
         tables: Tables,
         max_versions: int | None = None,
         dirty: DirtyTables | None = None,
-        max_rows: int = 0,
+        max_rows: Callable[[int], int] = lambda _account: 0,
         identity_interval: float = 60.0,
     ) -> None:
         self.tables = tables
         self.probe = tables.probe
         self.max_versions = max_versions
         self.max_rows = max_rows
+        """Change rows one tail iteration of an account may read (0: no bound)."""
         self._change_rows: dict[tuple[str, int], int | None] = {}
         """Change rows per (location, version): commits never change, so read once."""
         self.dirty = dirty
@@ -182,7 +183,7 @@ class TriggerSelection:
             latest,
             now,
             max_versions=self.max_versions,
-            max_rows=self.max_rows,
+            max_rows=self.max_rows(table.account_id),
             change_rows=lambda version: self._rows_of(location, version),
         )
         selected.plans += table_plan.iterations

@@ -15,6 +15,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.config import AppConfig
 from lakeprop.engine.dirty import DirtyTables
+from lakeprop.engine.policy import FairShare
 from lakeprop.engine.retry import retry_delay
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.errors import TemporaryError
@@ -28,6 +29,7 @@ from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 from lakeprop.tables.hadoop import FilesFor
 from lakeprop.tables.resolve import Tables
+from lakeprop.tenants import Tenants
 
 if TYPE_CHECKING:
     from lakeprop.service.metrics import Metrics
@@ -55,7 +57,19 @@ class PropagationApp:
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
         engine = config.engine
-        self.scheduler = Scheduler(spark, engine.workers, engine.iteration_timeout)
+        tables = Tables(spark, config.tables)
+        self.tenants = Tenants(
+            config.tenants,
+            reserved=lambda database, table: tables.within(
+                database, table, config.state.location, config.state.checkpoint_location
+            ),
+        )
+        self.scheduler = Scheduler(
+            spark,
+            engine.workers,
+            engine.iteration_timeout,
+            policy=FairShare(self.tenants.weight, self.tenants.max_concurrent, self.tenants.budget),
+        )
         self.query_failures = 0
         """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
         self.lock = CheckpointLock(spark, config.state.checkpoint_location)
@@ -73,11 +87,12 @@ class PropagationApp:
             config.engine,
             self.catalog,
             self.outcomes,
-            Tables(spark, config.tables),
+            tables,
             self.history,
             self.scheduler,
             config.kafka.max_message_bytes,
             dirty=self.dirty,
+            tenants=self.tenants,
             observer=None if self.metrics is None else self.metrics.reported,
             log_empty=ChangelogOffsets(
                 FilesFor(spark)(config.state.checkpoint_location),
@@ -88,6 +103,7 @@ class PropagationApp:
         if self.metrics is not None:
             selection = self.runner.selection
             self.metrics.watch_jobs(self.catalog.by_id, selection.latest.get, selection.commit_time)
+            self.metrics.watch_accounts(self.scheduler.accounts)
 
     def _metrics(self) -> Metrics | None:
         """The Prometheus metrics, when configured (the package is imported only then)."""

@@ -24,6 +24,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from lakeprop.config import MetricsConfig
 from lakeprop.engine.model import IterationResult, TableRef
+from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.service.runner import SELECTION_JOB_GROUP, BatchTimings, TickSummary
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.outcomes import Outcome, Verdict
@@ -130,6 +131,44 @@ class ServiceMetrics:
             self.verdicts_total.labels(verdict.outcome.value).inc()
             if verdict.outcome is Outcome.REJECTED:
                 self.rejects.labels(str(verdict.error_code)).inc()
+
+
+class AccountGauges(Collector):
+    """Per account, at scrape time: iterations queued and running, rows in flight,
+    and backpressure (since when paused; 0 when not)."""
+
+    def __init__(self, accounts: Callable[[], Mapping[int, AccountLoad]]) -> None:
+        self._accounts = accounts
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ("account",)
+        families = {
+            "queued": GaugeMetricFamily(
+                "lakeprop_account_iterations_queued",
+                "Iterations waiting for a worker",
+                labels=labels,
+            ),
+            "running": GaugeMetricFamily(
+                "lakeprop_account_iterations_running", "Iterations running", labels=labels
+            ),
+            "cached": GaugeMetricFamily(
+                "lakeprop_account_rows_in_flight",
+                "Rows the account's running iterations hold cached",
+                labels=labels,
+            ),
+            "paused": GaugeMetricFamily(
+                "lakeprop_account_paused_since_seconds",
+                "Unix time since which backpressure holds the account's new iterations (0: not)",
+                labels=labels,
+            ),
+        }
+        for account, load in self._accounts().items():
+            label = [str(account)]
+            families["queued"].add_metric(label, load.queued)
+            families["running"].add_metric(label, load.running)
+            families["cached"].add_metric(label, load.cached_rows)
+            families["paused"].add_metric(label, load.paused_since or 0.0)
+        yield from families.values()
 
 
 class JobGauges(Collector):
@@ -281,6 +320,9 @@ class Metrics:
         self.progress = QueryProgress(self.registry, query_name)
         self.server = MetricsServer(self.registry, config.host, config.port)
         self._listening = False
+
+    def watch_accounts(self, accounts: Callable[[], Mapping[int, AccountLoad]]) -> None:
+        self.registry.register(AccountGauges(accounts))
 
     def watch_jobs(
         self,

@@ -56,6 +56,7 @@ from lakeprop.state.history import IterationHistory
 from lakeprop.state.outcomes import Outcome, OutcomeTables, Verdict
 from lakeprop.state.status import JobState
 from lakeprop.tables.resolve import Tables
+from lakeprop.tenants import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class Runner:
         max_message_bytes: int,
         clock: Callable[[], float] = time.time,
         dirty: DirtyTables | None = None,
+        tenants: Tenants | None = None,
         observer: RunnerObserver | None = None,
         log_empty: Callable[[int], bool] | None = None,
     ) -> None:
@@ -193,11 +195,12 @@ class Runner:
         self.scheduler = scheduler
         self.max_message_bytes = max_message_bytes
         self.clock = clock
+        self.tenants = tenants or Tenants()
         self.selection = TriggerSelection(
             tables,
             engine.max_versions_per_iteration,
             dirty,
-            engine.max_rows_per_iteration,
+            lambda account: self.tenants.max_rows(account, engine.max_rows_per_iteration),
             engine.identity_check_interval,
         )
         self.housekeeping = Housekeeping(catalog, engine, clock)
@@ -335,6 +338,7 @@ class Runner:
             commands,
             self.tables.check,
             self.outcomes.recorded(records),
+            self.tenants,
         )
         verdicts += result.verdicts
         self.outcomes.record(verdicts, batch_id)

@@ -35,6 +35,7 @@ from lakeprop.spec import JobKey, JobRef, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
 from lakeprop.state.status import EMPTY_STATUS, JobState
+from lakeprop.tenants import Census, Tenants
 
 CATALOG_SCHEMA = StructType(
     [
@@ -158,12 +159,24 @@ class _Applying:
 
     by_key: dict[JobKey, list[CatalogRow]]
     check: SourceCheck
+    tenants: Tenants
     result: ApplyResult = field(default_factory=ApplyResult)
+    _census: Census | None = None
 
     def put(self, row: CatalogRow) -> None:
         existing = [r for r in self.by_key.get(row.key, []) if r.job_id != row.job_id]
         self.by_key[row.key] = [*existing, row]
         self.result.upserts[row.row_id] = row
+
+    @property
+    def census(self) -> Census:
+        """The live jobs' accounts and tables, counted once per call of
+        :func:`apply_commands` and kept current as its commands apply."""
+        if self._census is None:
+            self._census = Census.of(
+                (r.key, r.spec()) for rows in self.by_key.values() for r in rows if r.is_live
+            )
+        return self._census
 
     def verdict(self, cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> None:
         self.result.verdicts.append(_verdict(cmd, outcome, detail, **kw))
@@ -181,7 +194,10 @@ def _register(
             job_id=live.job_id,
         )
         return
+    if prior is None:  # a replay keeps the verdict it got, whatever changed since
+        ctx.tenants.admit(cmd.key, cmd.spec, ctx.census, new_job=True)
     table_id = prior.table_id if prior and prior.table_id else ctx.check(cmd.key, cmd.spec)
+    ctx.census.add(cmd.key, cmd.spec)
     new = CatalogRow(
         account_id=cmd.key.account_id,
         database=cmd.key.database,
@@ -209,6 +225,7 @@ def _unregister(
 ) -> None:
     assert live is not None
     ctx.put(replace(live, drop_at=cmd.record.timestamp).touched_by(cmd.record))
+    ctx.census.remove(live.key)
     ctx.result.cancel.add(live.row_id)
     ctx.verdict(cmd, Outcome.APPLIED, "unregistered", job_id=live.job_id)
 
@@ -219,6 +236,7 @@ def _update_spec(
     assert live is not None and cmd.spec_update is not None
     merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
     if prior is None:
+        ctx.tenants.admit(cmd.key, merged, ctx.census, new_job=False)
         ctx.check(cmd.key, merged)
     updated = replace(live, job_spec=merged.canonical())
     if updated.consumer_spec() != live.consumer_spec():
@@ -249,6 +267,7 @@ def apply_commands(
     commands: Sequence[Command],
     check: SourceCheck,
     recorded: Mapping[Coordinates, RecordedVerdict] | None = None,
+    tenants: Tenants | None = None,
 ) -> ApplyResult:
     """Apply decoded change log commands to catalog rows, in log order.
 
@@ -259,6 +278,10 @@ def apply_commands(
       consumer (type or options) restarts the job from a snapshot; an update also
       repairs a job in state ``error``.
 
+    ``tenants`` admits registers and updates: an account over its live-job quota,
+    outside its scope, or writing another account's tables is rejected (open by
+    default).
+
     Commands already reflected in the rows are skipped. A command with a
     ``recorded`` verdict (a replay) gets that verdict again instead of being
     re-checked against the source table, whose state may have moved on.
@@ -267,7 +290,7 @@ def apply_commands(
     by_key: dict[JobKey, list[CatalogRow]] = {}
     for row in rows:
         by_key.setdefault(row.key, []).append(row)
-    ctx = _Applying(by_key, check)
+    ctx = _Applying(by_key, check, tenants or Tenants())
     ordered = sorted(commands, key=lambda c: (c.record.topic, c.record.partition, c.record.offset))
     for cmd in ordered:
         current = by_key.get(cmd.key, [])

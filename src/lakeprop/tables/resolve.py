@@ -95,6 +95,14 @@ class Tables:
         parts = [p for p in (self.config.catalog, database, table) if p]
         return TableHandle(session, None, qualified(*parts))
 
+    def within(self, database: str, table: str, *locations: str) -> bool:
+        """Whether the path table (database, table) lies in one of ``locations`` (the
+        service's state): never for metastore tables, whose state lives by path."""
+        if self.config.resolution != "path":
+            return False
+        path = self.path_for(database, table).rstrip("/") + "/"
+        return any(path.startswith(loc.rstrip("/") + "/") for loc in locations)
+
     def location(self, database: str, table: str) -> str:
         """Storage location of a table (for the log probe)."""
         if self.config.resolution == "path":

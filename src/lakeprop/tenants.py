@@ -1,0 +1,181 @@
+"""Accounts as tenants: their share of the workers, their quotas, their scope.
+
+Every job key carries an ``account_id``. The ``[tenants]`` section of the
+config gives each account
+
+* a **weight**: its share of the workers when accounts compete for them (the
+  scheduler's fair-share policy, :class:`lakeprop.engine.policy.FairShare`);
+* **quotas**: live jobs (a register over it is rejected), concurrent
+  iterations, and change rows per tail iteration (its own bound of chunked
+  catch-up, instead of ``engine.max_rows_per_iteration``);
+* a **budget** of rows in flight: the rows its running iterations hold cached.
+  Above 80 % of it the account's new iterations wait, until under 50 %
+  (backpressure, seed 002);
+* a **scope**: the databases (glob patterns, ``sales_*``) its jobs may read as
+  sources and write as targets. A register or update outside it is rejected.
+
+Whatever the scope, a consumer's target is never a table another account's
+live job reads or writes, nor one of the service's own state tables.
+
+Accounts not listed under ``[tenants.accounts]`` get the section's own values,
+and a listed account inherits each value it does not set. The defaults are
+open: weight 1, no quota, any database. This module is policy only (no Spark):
+the catalog asks :meth:`Tenants.admit` before it registers or re-specifies a
+job, and the scheduler asks for weights and caps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from lakeprop.config import AccountConfig, TenantsConfig
+from lakeprop.errors import ErrorCode, TenantError
+from lakeprop.spec import JobKey, JobSpec, target_table
+
+Table = tuple[str, str]
+"""(database, table)"""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One account's resolved weight, quotas (0: none) and scope (empty: any)."""
+
+    account_id: int
+    weight: float = 1.0
+    max_live_jobs: int = 0
+    max_concurrent_iterations: int = 0
+    max_rows_per_iteration: int = 0
+    max_rows_in_flight: int = 0
+    databases: tuple[str, ...] = ()
+
+    def may_use(self, database: str) -> bool:
+        return not self.databases or any(fnmatchcase(database, p) for p in self.databases)
+
+
+@dataclass
+class Census:
+    """Who uses what among the live jobs: live jobs per account, and which account
+    each source and target table belongs to. Kept current while a micro-batch's
+    commands are applied, so each admission costs a few dictionary lookups."""
+
+    live: dict[int, int] = field(default_factory=dict)
+    owners: dict[Table, set[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, jobs: Iterable[tuple[JobKey, JobSpec]]) -> Census:
+        census = cls()
+        for key, spec in jobs:
+            census.add(key, spec)
+        return census
+
+    @staticmethod
+    def _tables(key: JobKey, spec: JobSpec) -> tuple[Table, Table]:
+        return (key.database, key.table), target_table(key, spec.iteration.consumer.options)
+
+    def add(self, key: JobKey, spec: JobSpec) -> None:
+        self.live[key.account_id] = self.live.get(key.account_id, 0) + 1
+        for table in self._tables(key, spec):
+            self.owners.setdefault(table, set()).add(key.account_id)
+
+    def remove(self, key: JobKey) -> None:
+        """Forget one live job. Its tables stay owned by its account: another job of
+        the account may use them, and a stale owner only makes the check stricter
+        until the next micro-batch counts afresh."""
+        self.live[key.account_id] = self.live.get(key.account_id, 1) - 1
+
+
+class Tenants:
+    """The ``[tenants]`` config, resolved per account."""
+
+    def __init__(
+        self,
+        config: TenantsConfig | None = None,
+        reserved: Callable[[str, str], bool] = lambda _database, _table: False,
+    ) -> None:
+        self.config = config or TenantsConfig()
+        self.reserved = reserved
+        """Whether (database, table) is one of the service's own state tables."""
+        self._resolved: dict[int, Tenant] = {}
+
+    def of(self, account_id: int) -> Tenant:
+        tenant = self._resolved.get(account_id)
+        if tenant is None:
+            tenant = self._resolve(account_id)
+            self._resolved[account_id] = tenant
+        return tenant
+
+    def _resolve(self, account_id: int) -> Tenant:
+        base = self.config
+        own = base.accounts.get(str(account_id), AccountConfig())
+        return Tenant(
+            account_id=account_id,
+            weight=base.weight if own.weight is None else own.weight,
+            max_live_jobs=base.max_live_jobs if own.max_live_jobs is None else own.max_live_jobs,
+            max_concurrent_iterations=(
+                base.max_concurrent_iterations
+                if own.max_concurrent_iterations is None
+                else own.max_concurrent_iterations
+            ),
+            max_rows_per_iteration=(
+                base.max_rows_per_iteration
+                if own.max_rows_per_iteration is None
+                else own.max_rows_per_iteration
+            ),
+            max_rows_in_flight=(
+                base.max_rows_in_flight
+                if own.max_rows_in_flight is None
+                else own.max_rows_in_flight
+            ),
+            databases=base.databases if own.databases is None else own.databases,
+        )
+
+    def weight(self, account_id: int) -> float:
+        return self.of(account_id).weight
+
+    def max_concurrent(self, account_id: int) -> int:
+        return self.of(account_id).max_concurrent_iterations
+
+    def budget(self, account_id: int) -> int:
+        """Rows the account's running iterations may hold cached (0: no budget)."""
+        return self.of(account_id).max_rows_in_flight
+
+    def max_rows(self, account_id: int, engine_bound: int) -> int:
+        """Change rows one tail iteration of the account may read (0: no bound)."""
+        return self.of(account_id).max_rows_per_iteration or engine_bound
+
+    def admit(self, key: JobKey, spec: JobSpec, census: Census, *, new_job: bool) -> None:
+        """Raise TenantError when the job may not exist with this spec: a source or
+        target outside the account's scope, a target that belongs to another
+        account or to the service, or (a new job) over the account's live-job
+        quota. The first of these that applies is the reason."""
+        tenant = self.of(key.account_id)
+        target = target_table(key, spec.iteration.consumer.options)
+        for role, database in (("source", key.database), ("target", target[0])):
+            if not tenant.may_use(database):
+                raise TenantError(
+                    f"account {key.account_id} may not use database {database!r} "
+                    f"(its {role}); its scope is {list(tenant.databases)}",
+                    ErrorCode.OUT_OF_SCOPE,
+                )
+        if self.reserved(*target):
+            raise TenantError(
+                f"target {target[0]}.{target[1]} is one of lakeprop's own state tables",
+                ErrorCode.TARGET_NOT_ALLOWED,
+            )
+        others = census.owners.get(target, set()) - {key.account_id}
+        if others:
+            raise TenantError(
+                f"target {target[0]}.{target[1]} belongs to another account "
+                f"(a table its jobs read or write)",
+                ErrorCode.TARGET_NOT_ALLOWED,
+            )
+        if new_job and tenant.max_live_jobs:
+            live = census.live.get(key.account_id, 0)
+            if live >= tenant.max_live_jobs:
+                raise TenantError(
+                    f"account {key.account_id} has {live} live job(s), its quota "
+                    f"(max_live_jobs = {tenant.max_live_jobs}); unregister one first",
+                    ErrorCode.QUOTA_EXCEEDED,
+                )
