@@ -66,6 +66,7 @@ from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.catalog import job_id_for
+from lakeprop.state.usage import UsageRow, usage_of
 from lakeprop.tables.probe import DeltaLogProbe
 from tests.support.spark import spark_toml
 
@@ -703,6 +704,15 @@ gc_retention = "4s"
             )
         self.differ("verdicts of messages never sent", {}, verdicts)
         self.differ("rejects", 0, self._state(state.REJECTS_TABLE).count())
+        # usage is the history's, whatever was killed between the two: nothing twice
+        self.differ(
+            "usage (against the iteration history)",
+            usage_of(self._state(state.HISTORY_TABLE).collect()),
+            sorted(
+                (UsageRow(*r) for r in self._state(state.USAGE_TABLE).collect()),
+                key=lambda u: (u.account_id, u.job_id, u.hour),
+            ),
+        )
 
         catalog = {
             JobKey(r["account_id"], r["database"], r["table"], r["job_name"]): r

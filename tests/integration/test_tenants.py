@@ -1,9 +1,11 @@
 """Tenants on the real broker and Delta: quotas, scopes and foreign targets are
-rejected into ``rejects`` with their reasons while the rest applies."""
+rejected into ``rejects`` with their reasons while the rest applies; usage
+counts what each account's jobs read and wrote, once."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,7 +17,17 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AccountConfig, AppConfig, TenantsConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
-from tests.integration.helpers import catalog_df, make_source, run_once, table
+from lakeprop.state.usage import usage_of
+from tests.integration.helpers import (
+    catalog_df,
+    cdf_source,
+    make_source,
+    run_once,
+    running,
+    table,
+    wait_for_watermark,
+)
+from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +104,43 @@ def test_quota_scope_and_foreign_target_registrations_land_in_rejects_and_the_re
     )
     jobs = catalog_df(spark, config).select("account_id", "job_name").collect()
     assert sorted(tuple(r) for r in jobs) == [(5, "copy"), (6, "own")]
+
+
+def test_usage_counts_what_each_accounts_jobs_read_and_wrote_once(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    one = cdf_source(spark, app_config, "shop", "orders")
+    two = cdf_source(spark, app_config, "books", "ledger")
+    add_rows(spark, one, range(1, 6))
+    add_rows(spark, two, range(1, 3))
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    keys = {
+        "copy": JobKey(1, "shop", "orders", "copy"),
+        "by_name": JobKey(1, "shop", "orders", "by_name"),
+        "ledger": JobKey(2, "books", "ledger", "copy"),
+    }
+    index = {"type": "secondary_index", "options": {"columns": ["name"], "primary_key": ["id"]}}
+    for name, key in keys.items():
+        spec = replica() if name != "by_name" else {**replica(), "iteration": {"consumer": index}}
+        client.register_job(key, spec)
+    with running(spark, app_config):
+        for key in keys.values():
+            wait_for_watermark(spark, app_config, key, 1)
+        add_rows(spark, one, range(6, 9))  # one tail, shared by account 1's two jobs
+        wait_for_watermark(spark, app_config, keys["copy"], 2)
+        wait_for_watermark(spark, app_config, keys["by_name"], 2)
+
+    usage = client.usage()
+    history = table(spark, app_config, "iterations").collect()
+    assert usage == usage_of(history)  # refreshed from the history at shutdown
+    written = {(u.account_id, u.job_name): 0 for u in usage}
+    read = {1: 0.0, 2: 0.0}
+    for u in usage:
+        written[(u.account_id, u.job_name)] += u.rows_written
+        read[u.account_id] += u.rows_read
+    # the snapshots wrote 5 and 2 rows, the tail 3 more to each of account 1's sinks
+    assert written == {(1, "copy"): 8, (1, "by_name"): 8, (2, "copy"): 2}
+    # two snapshots of 5 rows and one shared read of 3, counted once; 2 rows for account 2
+    assert read == {1: 13.0, 2: 2.0}
+    assert [u.account_id for u in client.usage(account_id=2)] == [2]
+    assert client.usage(since=datetime.now() + timedelta(hours=2)) == []

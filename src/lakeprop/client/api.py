@@ -44,7 +44,8 @@ from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.status import JobState
-from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE
+from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE, USAGE_TABLE
+from lakeprop.state.usage import UsageRow, hour_of
 from lakeprop.tables.probe import DeltaLogProbe
 
 LATEST = "latest"
@@ -389,6 +390,22 @@ class LakepropClient:
             condition &= F.col("drop_at").isNull()
         rows = self._with_progress(self._catalog_rows(condition))
         return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
+
+    def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
+        """What jobs used, per job and hour (the ``usage`` table): of one account, from
+        the hour of ``since`` on, oldest first. The service refreshes it from the
+        iteration history with every status flush (``engine.status_flush_interval``)."""
+        self._catalog_rows(F.lit(False))  # no state at all: a clear error
+        path = self.state.table_path(USAGE_TABLE)
+        if DeltaLogProbe(self.spark).latest_version(path) is None:
+            return []  # a service of an earlier release
+        df = state.read_table(self.spark, path)
+        if account_id is not None:
+            df = df.where(F.col("account_id") == account_id)
+        if since is not None:
+            df = df.where(F.col("hour") >= F.lit(hour_of(since)))
+        rows = [UsageRow(*r) for r in df.collect()]
+        return sorted(rows, key=lambda u: (u.hour, u.account_id, u.job_id))
 
     def request_outcome(self, request_id: str) -> dict[str, Any] | None:
         """What the service made of a request, once it has processed it."""

@@ -23,6 +23,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,28 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    from lakeprop.client.render import usage_table
+
+    rows = _client(args, with_spark=True).usage(account_id=args.account, since=args.since)
+    if args.json:
+        for row in rows:
+            print(json.dumps(asdict(row), sort_keys=True, default=str))
+    elif rows:
+        print(usage_table(rows))
+    return 0
+
+
+def _moment(text: str) -> datetime:
+    """An ISO date or date and time (UTC)."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a date or time such as 2026-11-01 or 2026-11-01T09:00: {text!r}"
+        ) from None
+
+
 def cmd_notify(args: argparse.Namespace) -> int:
     client = _client(args, with_spark=args.version is None)
     version = client.notify_commit(args.database, args.table, args.version)
@@ -336,6 +359,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state", choices=["pending", "running", "completed", "error", "canceled"])
     p.add_argument("--account", type=int)
     p.add_argument("--all", action="store_true", help="include dropped jobs")
+    p = sub.add_parser("usage", help="what jobs used, per job and hour (charging)")
+    p.add_argument("--account", type=int)
+    p.add_argument("--since", type=_moment, help="from this hour on (ISO date or time)")
     p = sub.add_parser("notify", help="announce a commit to a source table (notifications)")
     p.add_argument("--database", required=True)
     p.add_argument("--table", required=True)
@@ -369,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": cmd_status,
         "wait": cmd_wait,
         "list": cmd_list,
+        "usage": cmd_usage,
         "notify": cmd_notify,
         "search": cmd_search,
         "broker": cmd_broker,

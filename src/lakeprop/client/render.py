@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from lakeprop.client.api import JobInfo
+from lakeprop.state.usage import UsageRow
 
 ERROR_WIDTH = 60
 COLUMNS = ("JOB", "ID", "STATE", "WATERMARK", "LAG", "LAST ERROR")
@@ -31,6 +32,46 @@ def lag(job: JobInfo, latest: int | None) -> int | None:
     return max(0, latest - job.watermark)
 
 
+def _aligned(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+USAGE_COLUMNS = (
+    "HOUR",
+    "JOB",
+    "ITERATIONS",
+    "ROWS READ",
+    "ROWS WRITTEN",
+    "ROWS CACHED",
+    "SPARK JOBS",
+    "WALL S",
+)
+
+
+def usage_table(rows: Sequence[UsageRow]) -> str:
+    """One row per job and hour, shares of shared iterations to one decimal."""
+    return _aligned(
+        [USAGE_COLUMNS]
+        + [
+            (
+                u.hour.strftime("%Y-%m-%d %H:00"),
+                f"{u.account_id}/{u.database}.{u.table}/{u.job_name}",
+                str(u.iterations),
+                f"{u.rows_read:.1f}",
+                str(u.rows_written),
+                f"{u.rows_cached:.1f}",
+                f"{u.spark_jobs:.1f}",
+                f"{u.wall_seconds:.1f}",
+            )
+            for u in rows
+        ]
+    )
+
+
 def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | None]) -> str:
     """One row per job; ``latest`` maps (database, table) to the source's version."""
     rows = [COLUMNS] + [
@@ -44,8 +85,4 @@ def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | No
         )
         for j in jobs
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    return _aligned(rows)

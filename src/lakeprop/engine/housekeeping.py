@@ -7,7 +7,8 @@ and the transient pending/running states. One catalog commit writes them: every
 ``engine.status_flush_interval`` while a watermark or status has advanced, and
 every ``engine.watermark_flush_interval`` otherwise. Dropped jobs stay in the
 catalog for ``engine.gc_retention`` and are then deleted, every
-``engine.gc_interval``.
+``engine.gc_interval``. The usage table is refreshed from the history with
+the status flush (:mod:`lakeprop.state.usage`).
 """
 
 from __future__ import annotations
@@ -20,15 +21,21 @@ from lakeprop.config import EngineConfig
 from lakeprop.faults import fault_point
 from lakeprop.spec import JobRef
 from lakeprop.state.catalog import JobCatalog
+from lakeprop.state.usage import UsageTable
 
 log = logging.getLogger(__name__)
 
 
 class Housekeeping:
     def __init__(
-        self, catalog: JobCatalog, engine: EngineConfig, clock: Callable[[], float]
+        self,
+        catalog: JobCatalog,
+        engine: EngineConfig,
+        clock: Callable[[], float],
+        usage: UsageTable | None = None,
     ) -> None:
         self.catalog = catalog
+        self.usage = usage
         self.engine = engine
         self._last_flush = clock()
         self._last_gc = 0.0
@@ -37,7 +44,7 @@ class Housekeeping:
         """Flush and collect when their intervals have passed; the jobs collected."""
         since = now - self._last_flush
         interval = self.engine.watermark_flush_interval
-        if self.catalog.behind:
+        if self.catalog.behind or (self.usage is not None and self.usage.pending):
             interval = min(interval, self.engine.status_flush_interval)
         if since >= interval:
             fault_point("watermarks.flush")
@@ -45,6 +52,8 @@ class Housekeeping:
             self._last_flush = now
             if flushed:
                 log.info("flushed %d job(s) changed in memory to the catalog", flushed)
+            if self.usage is not None:
+                self.usage.refresh()
         if now - self._last_gc < self.engine.gc_interval:
             return []
         self._last_gc = now

@@ -26,7 +26,14 @@ from lakeprop.service.stream import ChangelogOffsets, start_query
 from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
-from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
+from lakeprop.state.store import (
+    CATALOG_TABLE,
+    HISTORY_TABLE,
+    REJECTS_TABLE,
+    REQUESTS_TABLE,
+    USAGE_TABLE,
+)
+from lakeprop.state.usage import UsageTable
 from lakeprop.tables.hadoop import FilesFor
 from lakeprop.tables.resolve import Tables
 from lakeprop.tenants import Tenants
@@ -56,6 +63,9 @@ class PropagationApp:
             config.state.table_path(REJECTS_TABLE),
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
+        self.usage = UsageTable(
+            spark, config.state.table_path(USAGE_TABLE), config.state.table_path(HISTORY_TABLE)
+        )
         engine = config.engine
         tables = Tables(spark, config.tables)
         self.tenants = Tenants(
@@ -93,6 +103,7 @@ class PropagationApp:
             config.kafka.max_message_bytes,
             dirty=self.dirty,
             tenants=self.tenants,
+            usage=self.usage,
             observer=None if self.metrics is None else self.metrics.reported,
             log_empty=ChangelogOffsets(
                 FilesFor(spark)(config.state.checkpoint_location),
@@ -118,15 +129,24 @@ class PropagationApp:
         self.dirty.announce((notice.database, notice.table), notice.version, time.time())
 
     def prepare(self) -> None:
-        """Create the state tables, load the catalog, roll it forward from the history.
+        """Create the state tables, load the catalog, roll it forward from the history,
+        and bring the usage table level with the history.
 
         The tables are independent until the roll-forward: they are created and
         read at once (tables created now are empty and not read at all).
         """
         with ThreadPoolExecutor(3, "lakeprop-prepare") as pool:
-            _all(pool, self.catalog.ensure, self.outcomes.ensure, self.history.ensure)
+            _all(
+                pool,
+                self.catalog.ensure,
+                self.outcomes.ensure,
+                self.history.ensure,
+                self.usage.ensure,
+            )
             _all(pool, self.catalog.load, self.outcomes.load)
         self.roll_forward()
+        if not self.history.is_new:
+            self.usage.catch_up()
 
     def roll_forward(self) -> int:
         """Advance watermarks the consumers already reached, as the history records.
@@ -266,6 +286,7 @@ class PropagationApp:
             self.runner.record_results(self.scheduler.shutdown())
             self.catalog.commit_staged()
             self.catalog.flush()  # the table shows where every job stopped
+            self.usage.refresh()
         if self.notices is not None:
             self.notices.stop()
         if self.metrics is not None:

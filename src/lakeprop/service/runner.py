@@ -55,6 +55,7 @@ from lakeprop.state.catalog import CatalogRow, JobCatalog, apply_commands
 from lakeprop.state.history import IterationHistory
 from lakeprop.state.outcomes import Outcome, OutcomeTables, Verdict
 from lakeprop.state.status import JobState
+from lakeprop.state.usage import UsageTable
 from lakeprop.tables.resolve import Tables
 from lakeprop.tenants import Tenants
 
@@ -179,6 +180,7 @@ class Runner:
         clock: Callable[[], float] = time.time,
         dirty: DirtyTables | None = None,
         tenants: Tenants | None = None,
+        usage: UsageTable | None = None,
         observer: RunnerObserver | None = None,
         log_empty: Callable[[int], bool] | None = None,
     ) -> None:
@@ -203,7 +205,8 @@ class Runner:
             lambda account: self.tenants.max_rows(account, engine.max_rows_per_iteration),
             engine.identity_check_interval,
         )
-        self.housekeeping = Housekeeping(catalog, engine, clock)
+        self.usage = usage
+        self.housekeeping = Housekeeping(catalog, engine, clock, usage)
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
         self.batches = 0
@@ -302,8 +305,11 @@ class Runner:
             return 0
         rows = self.catalog.by_id()
         names = {r.job_id: r.job_name for r in rows.values()}
-        self.history.record([r.record(names) for r in results])
+        records = [r.record(names) for r in results]
+        self.history.record(records)
         fault_point("history.written")
+        if self.usage is not None:
+            self.usage.recorded(r.ended_at for r in records)
         self.observer.results(results)
         changed = advance(
             rows,

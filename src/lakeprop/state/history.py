@@ -132,6 +132,11 @@ class IterationHistory:
     def ensure(self) -> None:
         self._created = state.ensure_table(self.spark, self.path, HISTORY_SCHEMA)
 
+    @property
+    def is_new(self) -> bool:
+        """Created by this process and not written since: empty."""
+        return self._created
+
     def record(self, records: Sequence[IterationRecord]) -> None:
         """Append (a result is recorded once: after a crash it is gone, not replayed)."""
         rows = [r.as_tuple() for r in records]

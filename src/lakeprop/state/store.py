@@ -24,6 +24,7 @@ CATALOG_TABLE = "catalog"
 REQUESTS_TABLE = "requests"
 REJECTS_TABLE = "rejects"
 HISTORY_TABLE = "iterations"
+USAGE_TABLE = "usage"
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType) -> bool:

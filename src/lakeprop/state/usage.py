@@ -1,0 +1,174 @@
+"""Usage accounting: what each account's jobs used, per hour (charging).
+
+The Delta table ``usage`` holds one row per account, job and hour (of an
+iteration's end): iterations, rows read, rows written, rows cached, Spark jobs
+and wall time. It is computed from the iteration history, never added to:
+refreshing an hour recomputes its rows from the history rows of that hour and
+replaces them (a MERGE on account, job and hour). So a replay, a crash
+between the history append and the refresh, or a refresh run twice count
+nothing twice; at start the service refreshes every hour from the newest one
+in ``usage`` on, which catches up what a crash left behind.
+
+An iteration shared by several jobs (one change set fanned out) is split
+between them: each gets ``1 / members`` of its rows read and cached, Spark jobs
+and wall time, and its own rows written, so an account's total is what the
+service really spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lakeprop.state import store as state
+
+EPOCH = datetime(1970, 1, 1)
+
+USAGE_SCHEMA = StructType(
+    [
+        StructField("account_id", LongType(), False),
+        StructField("database", StringType(), False),
+        StructField("table", StringType(), False),
+        StructField("job_name", StringType(), False),
+        StructField("job_id", LongType(), False),
+        StructField("hour", TimestampType(), False),
+        StructField("iterations", LongType(), False),
+        StructField("rows_read", DoubleType(), False),
+        StructField("rows_written", LongType(), False),
+        StructField("rows_cached", DoubleType(), False),
+        StructField("spark_jobs", DoubleType(), False),
+        StructField("wall_seconds", DoubleType(), False),
+    ]
+)
+
+
+@dataclass
+class UsageRow:
+    """One account's job in one hour (fields in USAGE_SCHEMA order)."""
+
+    account_id: int
+    database: str
+    table: str
+    job_name: str
+    job_id: int
+    hour: datetime
+    iterations: int = 0
+    rows_read: float = 0.0
+    rows_written: int = 0
+    rows_cached: float = 0.0
+    spark_jobs: float = 0.0
+    wall_seconds: float = 0.0
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def usage_of(iterations: Iterable[Any]) -> list[UsageRow]:
+    """Usage rows of history rows (``iterations`` table rows, or records with the
+    same fields): per account, job and hour of the iteration's end."""
+    rows: dict[tuple[int, int, datetime], UsageRow] = {}
+    for it in iterations:
+        members = list(it["members"])
+        if not members:
+            continue
+        share = 1.0 / len(members)
+        hour = hour_of(it["ended_at"])
+        wall = (it["ended_at"] - it["started_at"]).total_seconds()
+        for m in members:
+            key = (int(it["account_id"]), int(m["job_id"]), hour)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = UsageRow(
+                    int(it["account_id"]),
+                    it["database"],
+                    it["table"],
+                    m["job_name"],
+                    int(m["job_id"]),
+                    hour,
+                )
+            row.iterations += 1
+            row.rows_read += it["rows_read"] * share
+            row.rows_cached += it["rows_read"] * share
+            row.rows_written += int(m["rows_written"] or 0)
+            row.spark_jobs += (it["spark_jobs"] or 0) * share
+            row.wall_seconds += wall * share
+    return sorted(rows.values(), key=lambda r: (r.account_id, r.job_id, r.hour))
+
+
+class UsageTable:
+    """The ``usage`` Delta table, refreshed from the iteration history."""
+
+    def __init__(self, spark: SparkSession, path: str, history_path: str) -> None:
+        self.spark = spark
+        self.path = path
+        self.history_path = history_path
+        self.pending: set[datetime] = set()
+        """Hours with history rows the table does not reflect yet."""
+
+    def ensure(self) -> None:
+        state.ensure_table(self.spark, self.path, USAGE_SCHEMA)
+
+    def recorded(self, ended: Iterable[datetime]) -> None:
+        """History rows ending at these moments were appended: their hours are due."""
+        self.pending.update(hour_of(e) for e in ended)
+
+    def catch_up(self) -> int:
+        """At start: every hour from the newest one in the table on is due again."""
+        newest = state.read_table(self.spark, self.path).agg(F.max("hour")).first()
+        since = newest[0] if newest is not None and newest[0] is not None else EPOCH
+        history = state.read_table(self.spark, self.history_path)
+        hours = (
+            history.where(F.col("ended_at") >= F.lit(since))
+            .select(F.date_trunc("hour", "ended_at").alias("hour"))
+            .distinct()
+            .collect()
+        )
+        self.pending.update(r["hour"] for r in hours)
+        return self.refresh()
+
+    def refresh(self) -> int:
+        """Recompute the due hours from the history and replace their rows; returns
+        the rows written (0, and no commit, when nothing is due)."""
+        if not self.pending:
+            return 0
+        hours = sorted(self.pending)
+        history = state.read_table(self.spark, self.history_path).where(
+            F.col("ended_at").between(hours[0], hours[-1] + timedelta(hours=1))
+        )
+        due = set(hours)
+        rows = [r for r in usage_of(history.collect()) if r.hour in due]
+        self._replace(rows)
+        self.pending -= due
+        return len(rows)
+
+    def _replace(self, rows: Sequence[UsageRow]) -> None:
+        if not rows:
+            return
+        updates = self.spark.createDataFrame([r.as_tuple() for r in rows], USAGE_SCHEMA)
+        key = ("account_id", "job_id", "hour")
+        (
+            DeltaTable.forPath(self.spark, self.path)
+            .alias("u")
+            .merge(updates.alias("n"), " AND ".join(f"u.{k} = n.{k}" for k in key))
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
