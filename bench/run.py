@@ -31,7 +31,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "fanout": {"k": 2, "rows": 50, "commits": 1, "changes": 10},
         "catchup": {"rows": 1000, "repeats": 1},
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
-        "fairness": {"backlog": 6},
+        "fairness": {"backlog": 3},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
