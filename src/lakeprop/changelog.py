@@ -43,12 +43,18 @@ class Operation(str, Enum):
     REGISTER = "register"
     UNREGISTER = "unregister"
     UPDATE_SPEC = "update_spec"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RESYNC = "resync"
 
 
 _FIELDS = {
     Operation.REGISTER: {"version", "op", "request_id", "job", "spec"},
     Operation.UNREGISTER: {"version", "op", "request_id", "job"},
     Operation.UPDATE_SPEC: {"version", "op", "request_id", "job", "spec", "interrupt"},
+    Operation.PAUSE: {"version", "op", "request_id", "job"},
+    Operation.RESUME: {"version", "op", "request_id", "job"},
+    Operation.RESYNC: {"version", "op", "request_id", "job"},
 }
 
 
@@ -179,6 +185,9 @@ _BODIES: dict[Operation, Callable[[Mapping[str, Any], Command], Command]] = {
     Operation.REGISTER: _register_body,
     Operation.UNREGISTER: lambda obj, command: command,
     Operation.UPDATE_SPEC: _update_body,
+    Operation.PAUSE: lambda obj, command: command,
+    Operation.RESUME: lambda obj, command: command,
+    Operation.RESYNC: lambda obj, command: command,
 }
 """The body of each operation, past the envelope."""
 

@@ -167,23 +167,41 @@ class TriggerSpec:
 
 @dataclass(frozen=True)
 class ConsumerInfo:
-    """Which consumer receives the changes, and its options (validated by its type)."""
+    """Which consumer receives the changes, and its options (validated by its type).
+
+    ``generation`` counts the job's resyncs: a resync bumps it, which makes the
+    consumer a new one, so no earlier progress counts for it (as after a change
+    of options) and it starts from a snapshot. Shown only once above 0.
+    """
 
     type: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    generation: int = 0
 
     @classmethod
     def from_json(cls, value: object) -> ConsumerInfo:
         obj = _expect_mapping(value, "iteration.consumer")
-        _reject_unknown(obj, {"type", "options"}, "iteration.consumer")
+        _reject_unknown(obj, {"type", "options", "generation"}, "iteration.consumer")
         if "type" not in obj:
             raise InvalidSpecError("iteration.consumer.type is required")
         consumer_type = get_consumer_type(obj["type"])
         options = _expect_mapping(obj.get("options") or {}, "iteration.consumer.options")
-        return cls(type=consumer_type.name, options=consumer_type.validate_options(options))
+        generation = obj.get("generation") or 0
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise InvalidSpecError(
+                f"iteration.consumer.generation must be 0 or more, got {generation!r}"
+            )
+        return cls(
+            type=consumer_type.name,
+            options=consumer_type.validate_options(options),
+            generation=generation,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "options": dict(self.options)}
+        out: dict[str, Any] = {"type": self.type, "options": dict(self.options)}
+        if self.generation:
+            out["generation"] = self.generation
+        return out
 
     def canonical(self) -> str:
         return canonical_json(self.to_json())

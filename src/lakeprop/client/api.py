@@ -226,6 +226,19 @@ class LakepropClient:
             raise InvalidSpecError("update_job_spec needs a (partial) spec object")
         return self._send(Operation.UPDATE_SPEC, key, spec=dict(spec), interrupt=interrupt)
 
+    def pause_job(self, key: JobKey) -> Receipt:
+        """Pause a job: it keeps its watermark and runs no iteration until resumed (a
+        running iteration is stopped)."""
+        return self._send(Operation.PAUSE, key)
+
+    def resume_job(self, key: JobKey) -> Receipt:
+        """Resume a paused job: it catches up from its watermark."""
+        return self._send(Operation.RESUME, key)
+
+    def resync_job(self, key: JobKey) -> Receipt:
+        """Rebuild a job's target: a snapshot at the source's current version, then tails."""
+        return self._send(Operation.RESYNC, key)
+
     def notify_commit(self, database: str, table: str, version: int | None = None) -> int:
         """Announce that a source table reached ``version`` (default: its latest).
 

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +30,7 @@ from typing import Any
 from lakeprop.config import LOCAL_BOOTSTRAP, AppConfig, load_config
 from lakeprop.errors import InvalidArgumentError, LakepropError
 from lakeprop.spec import JobKey
+from lakeprop.state.status import JobState
 
 log = logging.getLogger("lakeprop")
 
@@ -169,13 +170,22 @@ def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
     )
 
 
+_PLAIN_OPS: dict[str, Callable[[Any, JobKey], Any]] = {
+    "unregister": lambda client, key: client.unregister_job(key),
+    "pause": lambda client, key: client.pause_job(key),
+    "resume": lambda client, key: client.resume_job(key),
+    "resync": lambda client, key: client.resync_job(key),
+}
+"""Verbs that name a job and nothing else."""
+
+
 def _send(args: argparse.Namespace, action: str) -> int:
     client = _client(args, with_spark=args.wait)
     key = _key(args)
     if action == "register":
         receipt = client.register_job(key, _spec_from_flags(args, partial=False))
-    elif action == "unregister":
-        receipt = client.unregister_job(key)
+    elif action in _PLAIN_OPS:
+        receipt = _PLAIN_OPS[action](client, key)
     else:
         receipt = client.update_job_spec(
             key, _spec_from_flags(args, partial=True), interrupt=args.interrupt
@@ -333,10 +343,10 @@ def parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", required=True)
 
     sub.add_parser("run", help="run the streaming service until SIGINT/SIGTERM")
-    for action in ("register", "unregister", "update-spec"):
+    for action in ("register", "unregister", "update-spec", "pause", "resume", "resync"):
         p = sub.add_parser(action, help=f"{action} a job through the change log")
         _add_key(p)
-        if action != "unregister":
+        if action not in _PLAIN_OPS:
             _add_spec(p)
         if action == "update-spec":
             p.add_argument("--interrupt", action="store_true", help="interrupt a running iteration")
@@ -356,7 +366,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     p = sub.add_parser("list", help="list jobs")
-    p.add_argument("--state", choices=["pending", "running", "completed", "error", "canceled"])
+    p.add_argument("--state", choices=[s.value for s in JobState])
     p.add_argument("--account", type=int)
     p.add_argument("--all", action="store_true", help="include dropped jobs")
     p = sub.add_parser("usage", help="what jobs used, per job and hour (charging)")
@@ -392,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "register": lambda a: _send(a, "register"),
         "unregister": lambda a: _send(a, "unregister"),
         "update-spec": lambda a: _send(a, "update-spec"),
+        "pause": lambda a: _send(a, "pause"),
+        "resume": lambda a: _send(a, "resume"),
+        "resync": lambda a: _send(a, "resync"),
         "status": cmd_status,
         "wait": cmd_wait,
         "list": cmd_list,

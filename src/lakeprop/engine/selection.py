@@ -112,7 +112,7 @@ class TriggerSelection:
     ) -> dict[TableRef, list[JobView]]:
         by_table: dict[TableRef, list[JobView]] = {}
         for row in rows.values():
-            if not row.is_live:
+            if not row.is_live or row.job_state == JobState.PAUSED:
                 continue
             spec = self.spec(row)
             retry = retries.get(row.row_id)

@@ -54,7 +54,8 @@ def advance(
     retry_base: float,
     retry_cap: float,
 ) -> dict[JobRef, CatalogRow]:
-    """Catalog rows changed by these results; ``retries`` is updated in place."""
+    """Catalog rows changed by these results; ``retries`` is updated in place. A job
+    paused while its iteration ran keeps the iteration's watermark and stays paused."""
     changed: dict[JobRef, CatalogRow] = {}
     for result in results:
         plan = result.plan
@@ -93,4 +94,9 @@ def advance(
                 changed[member.ref] = replace(
                     row, job_state=JobState.ERROR, job_status=status_of(result, member)
                 )
-    return changed
+    return {
+        ref: replace(row, job_state=JobState.PAUSED)
+        if (rows.get(ref) or row).job_state == JobState.PAUSED
+        else row
+        for ref, row in changed.items()
+    }

@@ -250,16 +250,62 @@ def _update_spec(
     ctx.verdict(cmd, Outcome.APPLIED, "spec updated", job_id=live.job_id)
 
 
+def _pause(
+    ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
+) -> None:
+    assert live is not None
+    if live.job_state == JobState.PAUSED:
+        ctx.verdict(cmd, Outcome.APPLIED, "already paused", job_id=live.job_id)
+        return
+    ctx.put(replace(live, job_state=JobState.PAUSED).touched_by(cmd.record))
+    ctx.result.cancel.add(live.row_id)
+    ctx.verdict(cmd, Outcome.APPLIED, "paused", job_id=live.job_id)
+
+
+def _resume(
+    ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
+) -> None:
+    assert live is not None
+    if live.job_state != JobState.PAUSED:
+        ctx.verdict(cmd, Outcome.APPLIED, "not paused", job_id=live.job_id)
+        return
+    ctx.put(replace(live, job_state=JobState.COMPLETED).touched_by(cmd.record))
+    ctx.verdict(cmd, Outcome.APPLIED, "resumed", job_id=live.job_id)
+
+
+def _resync(
+    ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
+) -> None:
+    assert live is not None
+    state = JobState.PAUSED if live.job_state == JobState.PAUSED else JobState.COMPLETED
+    spec = live.spec().to_json()
+    consumer = spec["iteration"]["consumer"]
+    consumer["generation"] = consumer.get("generation", 0) + 1  # a new consumer: no progress
+    resynced = replace(
+        live,
+        job_spec=JobSpec.from_json(spec).canonical(),
+        watermark=None,
+        watermark_ts=None,
+        job_state=state,
+    )
+    ctx.put(resynced.touched_by(cmd.record))
+    ctx.result.cancel.add(live.row_id)
+    ctx.verdict(cmd, Outcome.APPLIED, "resync from a snapshot", job_id=live.job_id)
+
+
 _Handler = Callable[[_Applying, Command, "CatalogRow | None", "RecordedVerdict | None"], None]
 
 _HANDLERS: dict[Operation, _Handler] = {
     Operation.REGISTER: _register,
     Operation.UNREGISTER: _unregister,
     Operation.UPDATE_SPEC: _update_spec,
+    Operation.PAUSE: _pause,
+    Operation.RESUME: _resume,
+    Operation.RESYNC: _resync,
 }
 """How each operation changes the catalog."""
 
-_NEEDS_LIVE_JOB = frozenset({Operation.UNREGISTER, Operation.UPDATE_SPEC})
+_NEEDS_LIVE_JOB = frozenset(set(Operation) - {Operation.REGISTER})
 
 
 def apply_commands(
@@ -276,7 +322,16 @@ def apply_commands(
     * unregister sets ``drop_at`` (the row is garbage-collected later);
     * update_spec fills the empty fields of the new spec from the current one. A new
       consumer (type or options) restarts the job from a snapshot; an update also
-      repairs a job in state ``error``.
+      repairs a job in state ``error``;
+    * pause sets the state ``paused`` and stops a running iteration: the job keeps
+      its watermark and runs none until resume sets it ``completed`` again, from
+      where it caught up from its watermark (pause of a paused job and resume of
+      a running one are applied and change nothing);
+    * resync clears the watermark, bumps the consumer's ``generation`` (so no
+      earlier progress in the history counts for it, after a restart either) and
+      stops a running iteration: the next iteration is a snapshot at the
+      source's current version, then tails follow (a paused job stays paused; an
+      ``error`` is repaired).
 
     ``tenants`` admits registers and updates: an account over its live-job quota,
     outside its scope, or writing another account's tables is rejected (open by

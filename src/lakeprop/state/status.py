@@ -21,6 +21,8 @@ class JobState(str, Enum):
     COMPLETED = "completed"
     ERROR = "error"
     CANCELED = "canceled"
+    PAUSED = "paused"
+    """Paused through the change log: keeps its watermark, runs no iteration."""
 
     @property
     def transient(self) -> bool:
