@@ -19,6 +19,7 @@ def iteration(
     jobs: int,
     seconds: float,
     ended: datetime = T,
+    queued: float | None = None,
 ) -> dict[str, Any]:
     return {
         "account_id": account,
@@ -28,6 +29,7 @@ def iteration(
         "spark_jobs": jobs,
         "started_at": ended - timedelta(seconds=seconds),
         "ended_at": ended,
+        "queued_seconds": queued,
         "members": [
             {"job_id": job_id, "job_name": name, "rows_written": written}
             for job_id, name, written in members
@@ -37,16 +39,18 @@ def iteration(
 
 def test_a_shared_iteration_is_split_and_hours_and_accounts_stay_apart() -> None:
     history = [
-        iteration(1, [(10, "copy", 3), (11, "idx", 3)], rows_read=3, jobs=4, seconds=10.0),
+        iteration(
+            1, [(10, "copy", 3), (11, "idx", 3)], rows_read=3, jobs=4, seconds=10.0, queued=4.0
+        ),
         iteration(1, [(10, "copy", 5)], rows_read=5, jobs=6, seconds=2.0),
         iteration(1, [(10, "copy", 1)], 1, 2, 1.0, ended=T + timedelta(seconds=20)),  # 10:00
         iteration(2, [(20, "copy", 7)], 7, 6, 3.0),
     ]
     nine, ten = datetime(2026, 11, 23, 9), datetime(2026, 11, 23, 10)
     assert usage_of(history) == [
-        UsageRow(1, "db", "t", "copy", 10, nine, 2, 6.5, 8, 6.5, 8.0, 7.0),
+        UsageRow(1, "db", "t", "copy", 10, nine, 2, 6.5, 8, 6.5, 8.0, 7.0, 2.0),
         UsageRow(1, "db", "t", "copy", 10, ten, 1, 1.0, 1, 1.0, 2.0, 1.0),
-        UsageRow(1, "db", "t", "idx", 11, nine, 1, 1.5, 3, 1.5, 2.0, 5.0),
+        UsageRow(1, "db", "t", "idx", 11, nine, 1, 1.5, 3, 1.5, 2.0, 5.0, 2.0),
         UsageRow(2, "db", "t", "copy", 20, nine, 1, 7.0, 7, 7.0, 6.0, 3.0),
     ]
     # an account's total is what the service spent: the shared read counted once
@@ -61,11 +65,13 @@ def test_an_iteration_without_members_charges_nobody() -> None:
 
 def test_the_cli_table_shows_one_line_per_job_and_hour() -> None:
     rows = [
-        UsageRow(1, "db", "t", "copy", 10, datetime(2026, 11, 23, 9), 2, 6.5, 8, 6.5, 8.0, 7.25)
+        UsageRow(
+            1, "db", "t", "copy", 10, datetime(2026, 11, 23, 9), 2, 6.5, 8, 6.5, 8.0, 7.25, 3.0
+        )
     ]
     assert usage_table(rows).splitlines() == [
         "HOUR              JOB          ITERATIONS  ROWS READ  ROWS WRITTEN  ROWS CACHED  "
-        "SPARK JOBS  WALL S",
+        "SPARK JOBS  WALL S  QUEUED S",
         "2026-11-23 09:00  1/db.t/copy  2           6.5        8             6.5          "
-        "8.0         7.2",
+        "8.0         7.2     3.0",
     ]

@@ -49,6 +49,7 @@ USAGE_COLUMNS = (
     "ROWS CACHED",
     "SPARK JOBS",
     "WALL S",
+    "QUEUED S",
 )
 
 
@@ -66,6 +67,7 @@ def usage_table(rows: Sequence[UsageRow]) -> str:
                 f"{u.rows_cached:.1f}",
                 f"{u.spark_jobs:.1f}",
                 f"{u.wall_seconds:.1f}",
+                f"{u.queued_seconds:.1f}",
             )
             for u in rows
         ]

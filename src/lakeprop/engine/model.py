@@ -183,6 +183,7 @@ class IterationResult:
                 for m in self.members
             ],
             spark_jobs=self.spark_jobs,
+            queued_seconds=max(0.0, self.started_at - plan.planned_at),
         )
 
 

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    DoubleType,
     IntegerType,
     LongType,
     StringType,
@@ -68,6 +69,7 @@ HISTORY_SCHEMA = StructType(
         StructField("error_msg", StringType(), False),
         StructField("members", ArrayType(MEMBER_SCHEMA, True), False),
         StructField("spark_jobs", IntegerType(), True),
+        StructField("queued_seconds", DoubleType(), True),
     ]
 )
 
@@ -116,6 +118,8 @@ class IterationRecord:
     error_msg: str
     members: list[MemberRecord]
     spark_jobs: int
+    queued_seconds: float = 0.0
+    """From planned to a worker starting it (the wait for a share of the workers)."""
 
     def as_tuple(self) -> tuple[Any, ...]:
         values = {f.name: getattr(self, f.name) for f in HISTORY_SCHEMA.fields}

@@ -10,9 +10,10 @@ nothing twice; at start the service refreshes every hour from the newest one
 in ``usage`` on, which catches up what a crash left behind.
 
 An iteration shared by several jobs (one change set fanned out) is split
-between them: each gets ``1 / members`` of its rows read and cached, Spark jobs
-and wall time, and its own rows written, so an account's total is what the
-service really spent.
+between them: each gets ``1 / members`` of its rows read and cached, Spark jobs,
+wall time and queue wait (from planned to started: the wait for a share of the
+workers), and its own rows written, so an account's total is what the service
+really spent.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ USAGE_SCHEMA = StructType(
         StructField("rows_cached", DoubleType(), False),
         StructField("spark_jobs", DoubleType(), False),
         StructField("wall_seconds", DoubleType(), False),
+        StructField("queued_seconds", DoubleType(), False),
     ]
 )
 
@@ -72,6 +74,7 @@ class UsageRow:
     rows_cached: float = 0.0
     spark_jobs: float = 0.0
     wall_seconds: float = 0.0
+    queued_seconds: float = 0.0
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -79,6 +82,14 @@ class UsageRow:
 
 def hour_of(moment: datetime) -> datetime:
     return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def _get(row: Any, name: str) -> Any:
+    """A field that history rows of earlier releases lack."""
+    try:
+        return row[name]
+    except (KeyError, ValueError):
+        return None
 
 
 def usage_of(iterations: Iterable[Any]) -> list[UsageRow]:
@@ -110,6 +121,7 @@ def usage_of(iterations: Iterable[Any]) -> list[UsageRow]:
             row.rows_written += int(m["rows_written"] or 0)
             row.spark_jobs += (it["spark_jobs"] or 0) * share
             row.wall_seconds += wall * share
+            row.queued_seconds += (_get(it, "queued_seconds") or 0.0) * share
     return sorted(rows.values(), key=lambda r: (r.account_id, r.job_id, r.hour))
 
 
