@@ -41,6 +41,7 @@ _DURATIONS = {
     "retry_max",
     "watermark_flush_interval",
     "status_flush_interval",
+    "usage_refresh_interval",
     "gc_interval",
     "identity_check_interval",
     "gc_retention",
@@ -177,6 +178,9 @@ class EngineConfig:
     retry_max: float = 300.0
     watermark_flush_interval: float = 3600.0
     """How often fresh watermark times of idle jobs are written to the catalog."""
+    usage_refresh_interval: float = 300.0
+    """How often the usage table is recomputed for the hours that gained history rows
+    (and at shutdown)."""
     status_flush_interval: float = 30.0
     """How often the catalog table catches up with advanced watermarks and statuses.
 

@@ -66,6 +66,7 @@ from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.catalog import job_id_for
+from lakeprop.state.history import consumer_digest
 from lakeprop.state.usage import UsageRow, usage_of
 from lakeprop.tables.probe import DeltaLogProbe
 from tests.support.spark import spark_toml
@@ -369,7 +370,11 @@ gc_retention = "4s"
         rng = self.rng
         # the base jobs stay, on the default trigger: they keep sharing iterations
         live = self.extra_jobs()
-        action = rng.choice(["register", "register", "update", "update", "unregister"])
+        action = rng.choice(
+            ["register", "register", "update", "update", "unregister", "pause", "resync"]
+        )
+        if action in ("pause", "resync") and not live:
+            action = "register"
         if action == "register" and len(live) >= self.settings.max_extra_jobs:
             action = "unregister"
         if action == "update" and (not live or rng.random() < 0.3):
@@ -392,6 +397,15 @@ gc_retention = "4s"
             )
             self.send(self.client.update_job_spec(key, update))
             self.specs[key] = JobSpec.from_json(merge_spec(self.specs[key], update)).to_json()
+        elif action == "pause":  # and resume: the job ends the run in step
+            key = rng.choice(live)
+            self.send(self.client.pause_job(key))
+            self.send(self.client.resume_job(key))
+        elif action == "resync":
+            key = rng.choice(live)
+            self.send(self.client.resync_job(key))
+            consumer = self.specs[key]["iteration"]["consumer"]
+            consumer["generation"] = consumer.get("generation", 0) + 1
         else:
             self.unregister(rng.choice(live))
 
@@ -727,7 +741,7 @@ gc_retention = "4s"
             self.differ(f"{key} spec", JobSpec.from_json(spec).canonical(), row["job_spec"])
             self.differ(f"{key} state", "completed", row["job_state"])
             self.check_target(key, spec, row["watermark"])
-            self.check_history(key, row["job_id"], row["watermark"])
+            self.check_history(key, spec, row["job_id"], row["watermark"])
 
     def check_target(self, key: JobKey, spec: dict[str, Any], version: int) -> None:
         consumer = spec["iteration"]["consumer"]
@@ -765,11 +779,18 @@ gc_retention = "4s"
                 f"{len(set(map(str, want)) ^ set(map(str, actual)))} row(s) differ"
             )
 
-    def check_history(self, key: JobKey, job_id: int, watermark: int) -> None:
+    def check_history(self, key: JobKey, spec: dict[str, Any], job_id: int, watermark: int) -> None:
+        """The job's successful iterations since its consumer's last change (a resync
+        starts a new generation with a snapshot) chain without gap or overlap."""
+        digest = consumer_digest(JobSpec.from_json(spec).iteration.consumer.canonical())
         members = (
             self._state(state.HISTORY_TABLE)
             .select("kind", "to_version", F.explode("members").alias("m"))
-            .where((F.col("m.job_id") == job_id) & (F.col("m.error_code") == 0))
+            .where(
+                (F.col("m.job_id") == job_id)
+                & (F.col("m.error_code") == 0)
+                & (F.col("m.consumer_digest") == digest)
+            )
             .select("kind", "m.from_version", "to_version")
             .collect()
         )

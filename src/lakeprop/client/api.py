@@ -406,8 +406,8 @@ class LakepropClient:
 
     def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
         """What jobs used, per job and hour (the ``usage`` table): of one account, from
-        the hour of ``since`` on, oldest first. The service refreshes it from the
-        iteration history with every status flush (``engine.status_flush_interval``)."""
+        the hour of ``since`` on, oldest first. The service recomputes it from the
+        iteration history every ``engine.usage_refresh_interval`` and at shutdown."""
         self._catalog_rows(F.lit(False))  # no state at all: a clear error
         path = self.state.table_path(USAGE_TABLE)
         if DeltaLogProbe(self.spark).latest_version(path) is None:

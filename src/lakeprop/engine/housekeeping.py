@@ -7,8 +7,8 @@ and the transient pending/running states. One catalog commit writes them: every
 ``engine.status_flush_interval`` while a watermark or status has advanced, and
 every ``engine.watermark_flush_interval`` otherwise. Dropped jobs stay in the
 catalog for ``engine.gc_retention`` and are then deleted, every
-``engine.gc_interval``. The usage table is refreshed from the history with
-the status flush (:mod:`lakeprop.state.usage`).
+``engine.gc_interval``. The usage table is recomputed from the history every
+``engine.usage_refresh_interval`` (:mod:`lakeprop.state.usage`).
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ class Housekeeping:
         self.usage = usage
         self.engine = engine
         self._last_flush = clock()
+        self._last_usage = self._last_flush
         self._last_gc = 0.0
 
     def run(self, now: float) -> list[JobRef]:
         """Flush and collect when their intervals have passed; the jobs collected."""
         since = now - self._last_flush
         interval = self.engine.watermark_flush_interval
-        if self.catalog.behind or (self.usage is not None and self.usage.pending):
+        if self.catalog.behind:
             interval = min(interval, self.engine.status_flush_interval)
         if since >= interval:
             fault_point("watermarks.flush")
@@ -52,8 +53,9 @@ class Housekeeping:
             self._last_flush = now
             if flushed:
                 log.info("flushed %d job(s) changed in memory to the catalog", flushed)
-            if self.usage is not None:
-                self.usage.refresh()
+        if self.usage is not None and now - self._last_usage >= self.engine.usage_refresh_interval:
+            self.usage.refresh()
+            self._last_usage = now
         if now - self._last_gc < self.engine.gc_interval:
             return []
         self._last_gc = now

@@ -4,10 +4,12 @@ The Delta table ``usage`` holds one row per account, job and hour (of an
 iteration's end): iterations, rows read, rows written, rows cached, Spark jobs
 and wall time. It is computed from the iteration history, never added to:
 refreshing an hour recomputes its rows from the history rows of that hour and
-replaces them (a MERGE on account, job and hour). So a replay, a crash
+replaces them (a MERGE on account, job and hour), every
+``engine.usage_refresh_interval`` and at shutdown. So a replay, a crash
 between the history append and the refresh, or a refresh run twice count
-nothing twice; at start the service refreshes every hour from the newest one
-in ``usage`` on, which catches up what a crash left behind.
+nothing twice; at start, when the history has commits after the table's last
+one, the service refreshes every hour from the newest one in ``usage`` on,
+which catches up what a crash left behind.
 
 An iteration shared by several jobs (one change set fanned out) is split
 between them: each gets ``1 / members`` of its rows read and cached, Spark jobs,
@@ -36,6 +38,7 @@ from pyspark.sql.types import (
 )
 
 from lakeprop.state import store as state
+from lakeprop.tables.probe import DeltaLogProbe
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -143,7 +146,19 @@ class UsageTable:
         self.pending.update(hour_of(e) for e in ended)
 
     def catch_up(self) -> int:
-        """At start: every hour from the newest one in the table on is due again."""
+        """At start: every hour from the newest one in the table on is due again,
+        unless the table was written after the history's last commit (read from the
+        two Delta logs: no Spark job then)."""
+        probe = DeltaLogProbe(self.spark)
+        history_version = probe.latest_version(self.history_path)
+        if history_version is None:
+            return 0
+        usage_version = probe.latest_version(self.path)
+        if usage_version is not None:
+            history_at = probe.commit_time(self.history_path, history_version)
+            usage_at = probe.commit_time(self.path, usage_version)
+            if history_at is not None and usage_at is not None and usage_at >= history_at:
+                return 0
         newest = state.read_table(self.spark, self.path).agg(F.max("hour")).first()
         since = newest[0] if newest is not None and newest[0] is not None else EPOCH
         history = state.read_table(self.spark, self.history_path)
