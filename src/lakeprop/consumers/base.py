@@ -76,17 +76,21 @@ class ConsumerContext:
     """Rows of the change set handed to ``apply_changes``, when the engine knows
     them (it counts the change set per version as it reads it): 0 means empty,
     so a consumer need not look; None means unknown."""
+    generation: int = 0
+    """The consumer's resync generation (``iteration.consumer.generation``)."""
 
     @property
     def txn_app_id(self) -> str:
         """Delta transaction app id: one per job and consumer configuration.
 
-        A new configuration (update_spec of the consumer) gets a new id, so its
-        first snapshot is not mistaken for a write already done.
+        A new configuration (update_spec of the consumer) or a resync (a new
+        generation) gets a new id, so its first snapshot is not mistaken for a
+        write already done.
         """
-        digest = hashlib.sha256(
-            json.dumps([self.consumer_type, self.options], sort_keys=True).encode()
-        ).hexdigest()[:12]
+        identity: list[Any] = [self.consumer_type, self.options]
+        if self.generation:  # generation 0 keeps the ids of releases without it
+            identity.append(self.generation)
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
         return f"lakeprop-{self.job_id}-{digest}"
 
     def writer_options(self, version: int) -> dict[str, str]:

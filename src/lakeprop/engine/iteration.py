@@ -294,6 +294,7 @@ def _consume(
         job_id=job.member.job_id,
         consumer_type=consumer_info.type,
         options=consumer_info.options,
+        generation=consumer_info.generation,
         source_columns=tuple(
             c for c in data.columns if not c.startswith("_commit") and c != "_change_type"
         ),
