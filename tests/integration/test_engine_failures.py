@@ -166,6 +166,9 @@ def test_a_timeout_really_cancels_the_running_iteration_and_unregister_stops_the
             assert app.scheduler is not None and app.scheduler.in_flight() == set()
 
         assert_eventually(nothing_in_flight, timeout=30)
+        # the micro-batch that drained the cancelled iteration appends it to the
+        # history after the drain: count once that micro-batch has ended
+        ticks_pass(app, 1)
         tracker = spark.sparkContext.statusTracker()
         for iteration in {r["iteration_id"] for r in history(spark, config).collect()}:
             # the iterations' Spark jobs were cancelled, not left running
