@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -247,26 +248,9 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
-class AccountConfig:
-    """One account's values under ``[tenants.accounts."<id>"]``; a value it does not
-    set comes from ``[tenants]``."""
-
-    weight: float | None = None
-    max_live_jobs: int | None = None
-    max_concurrent_iterations: int | None = None
-    max_rows_per_iteration: int | None = None
-    max_rows_in_flight: int | None = None
-    databases: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        _tenant_values(self, "tenants.accounts")
-
-
-@dataclass(frozen=True)
-class TenantsConfig:
-    """Accounts as tenants (:mod:`lakeprop.tenants`): weight, quotas and scope of
-    every account, and per account under ``accounts`` (keyed by account id).
-    Quotas of 0 mean none; an empty ``databases`` means any database."""
+class TenantLimits:
+    """An account's weight, quotas (0: none) and scope (empty: any database); see
+    :mod:`lakeprop.tenants`."""
 
     weight: float = 1.0
     max_live_jobs: int = 0
@@ -274,36 +258,73 @@ class TenantsConfig:
     max_rows_per_iteration: int = 0
     max_rows_in_flight: int = 0
     databases: tuple[str, ...] = ()
-    accounts: dict[str, AccountConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _tenant_values(self, "tenants")
-        for account in self.accounts:
+        _check_limits({f.name: getattr(self, f.name) for f in fields(TenantLimits)}, "tenants")
+
+    def may_use(self, database: str) -> bool:
+        return not self.databases or any(fnmatchcase(database, p) for p in self.databases)
+
+
+@dataclass(frozen=True)
+class TenantsConfig(TenantLimits):
+    """The ``[tenants]`` section: the limits of every account, and under ``accounts``
+    (keyed by account id) the values one account sets for itself; it inherits
+    each value it does not set."""
+
+    accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        known = {f.name for f in fields(TenantLimits)}
+        for account, values in self.accounts.items():
             if not account.isdigit():
                 raise InvalidConfigError(
                     f"tenants.accounts keys are account ids (0, 1, ...), got {account!r}"
                 )
+            unknown = sorted(set(values) - known)
+            if unknown:
+                raise InvalidConfigError(
+                    f"unknown setting(s) {unknown} in tenants.accounts.{account}"
+                )
+            _check_limits(values, f"tenants.accounts.{account}")
+
+    def limits(self, account_id: int) -> TenantLimits:
+        """The account's own values over the section's."""
+        own = self.accounts.get(str(account_id), {})
+        shared = {f.name: getattr(self, f.name) for f in fields(TenantLimits)}
+        return TenantLimits(**{**shared, **own})
 
 
-def _tenant_values(values: AccountConfig | TenantsConfig, where: str) -> None:
-    if values.weight is not None and (
-        isinstance(values.weight, bool)
-        or not isinstance(values.weight, int | float)
-        or values.weight <= 0
+def _account_values(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """One account's own values as TOML gives them (TenantsConfig checks them)."""
+    databases = values.get("databases", ())
+    if not isinstance(databases, list | tuple):
+        raise InvalidConfigError(f"{where}.databases must be a list")
+    return {k: tuple(v) if k == "databases" else v for k, v in values.items()}
+
+
+def _check_limits(values: Mapping[str, Any], where: str) -> None:
+    weight = values.get("weight")
+    if weight is not None and (
+        isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0
     ):
-        raise InvalidConfigError(f"{where}.weight must be a positive number, got {values.weight!r}")
+        raise InvalidConfigError(f"{where}.weight must be a positive number, got {weight!r}")
     for name in (
         "max_live_jobs",
         "max_concurrent_iterations",
         "max_rows_per_iteration",
         "max_rows_in_flight",
     ):
-        value = getattr(values, name)
+        value = values.get(name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 0
         ):
             raise InvalidConfigError(f"{where}.{name} must be 0 (none) or positive, got {value!r}")
-    if values.databases is not None and not all(isinstance(d, str) for d in values.databases):
+    databases = values.get("databases")
+    if databases is not None and (
+        not isinstance(databases, tuple) or not all(isinstance(d, str) for d in databases)
+    ):
         raise InvalidConfigError(f"{where}.databases must be a list of names or patterns")
 
 
@@ -396,9 +417,7 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:  # noqa: C901
         elif name == "accounts":
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise InvalidConfigError(f"{path} must be a table of sections, one per account")
-            kwargs[name] = {
-                str(k): _build(AccountConfig, v, f"{path}.{k}") for k, v in value.items()
-            }
+            kwargs[name] = {str(k): _account_values(v, f"{path}.{k}") for k, v in value.items()}
         elif name in ("conf", "options", "source_options"):
             if not isinstance(value, dict):
                 raise InvalidConfigError(f"{path} must be a table of strings")

@@ -28,30 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 
-from lakeprop.config import AccountConfig, TenantsConfig
+from lakeprop.config import TenantLimits, TenantsConfig
 from lakeprop.errors import ErrorCode, TenantError
 from lakeprop.spec import JobKey, JobSpec, target_table
 
 Table = tuple[str, str]
 """(database, table)"""
-
-
-@dataclass(frozen=True)
-class Tenant:
-    """One account's resolved weight, quotas (0: none) and scope (empty: any)."""
-
-    account_id: int
-    weight: float = 1.0
-    max_live_jobs: int = 0
-    max_concurrent_iterations: int = 0
-    max_rows_per_iteration: int = 0
-    max_rows_in_flight: int = 0
-    databases: tuple[str, ...] = ()
-
-    def may_use(self, database: str) -> bool:
-        return not self.databases or any(fnmatchcase(database, p) for p in self.databases)
 
 
 @dataclass
@@ -97,39 +80,13 @@ class Tenants:
         self.config = config or TenantsConfig()
         self.reserved = reserved
         """Whether (database, table) is one of the service's own state tables."""
-        self._resolved: dict[int, Tenant] = {}
+        self._resolved: dict[int, TenantLimits] = {}
 
-    def of(self, account_id: int) -> Tenant:
-        tenant = self._resolved.get(account_id)
-        if tenant is None:
-            tenant = self._resolve(account_id)
-            self._resolved[account_id] = tenant
-        return tenant
-
-    def _resolve(self, account_id: int) -> Tenant:
-        base = self.config
-        own = base.accounts.get(str(account_id), AccountConfig())
-        return Tenant(
-            account_id=account_id,
-            weight=base.weight if own.weight is None else own.weight,
-            max_live_jobs=base.max_live_jobs if own.max_live_jobs is None else own.max_live_jobs,
-            max_concurrent_iterations=(
-                base.max_concurrent_iterations
-                if own.max_concurrent_iterations is None
-                else own.max_concurrent_iterations
-            ),
-            max_rows_per_iteration=(
-                base.max_rows_per_iteration
-                if own.max_rows_per_iteration is None
-                else own.max_rows_per_iteration
-            ),
-            max_rows_in_flight=(
-                base.max_rows_in_flight
-                if own.max_rows_in_flight is None
-                else own.max_rows_in_flight
-            ),
-            databases=base.databases if own.databases is None else own.databases,
-        )
+    def of(self, account_id: int) -> TenantLimits:
+        limits = self._resolved.get(account_id)
+        if limits is None:
+            limits = self._resolved[account_id] = self.config.limits(account_id)
+        return limits
 
     def weight(self, account_id: int) -> float:
         return self.of(account_id).weight

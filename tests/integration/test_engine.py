@@ -13,7 +13,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from lakeprop.client.api import LakepropClient
-from lakeprop.config import AccountConfig, AppConfig, TenantsConfig
+from lakeprop.config import AppConfig, TenantsConfig
 from lakeprop.spec import JobKey
 from tests.integration.helpers import (
     SOURCE_SCHEMA,
@@ -254,9 +254,7 @@ def test_a_backlog_is_cut_into_iterations_of_at_most_the_accounts_max_rows_chang
 ) -> None:
     # the account's own bound (tenants.accounts) wins over the engine's
     path, config, key, _ = one_replica(spark, app_config, "rows", max_rows_per_iteration=1000)
-    config = replace(
-        config, tenants=TenantsConfig(accounts={"1": AccountConfig(max_rows_per_iteration=25)})
-    )
+    config = replace(config, tenants=TenantsConfig(accounts={"1": {"max_rows_per_iteration": 25}}))
     with running(spark, config):
         wait_for_watermark(spark, config, key, 0)
     # a backlog while the service is stopped: 20 inserts; 6 updates (12 change rows);

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from lakeprop.changelog import ensure_topic
 from lakeprop.client.api import LakepropClient
-from lakeprop.config import AccountConfig, AppConfig, TenantsConfig
+from lakeprop.config import AppConfig, TenantsConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
 from lakeprop.state.usage import usage_of
@@ -50,7 +50,7 @@ def test_quota_scope_and_foreign_target_registrations_land_in_rejects_and_the_re
         kafka=replace(app_config.kafka, topic_partitions=1),
         engine=replace(app_config.engine, enabled=False),
         tenants=TenantsConfig(
-            accounts={"5": AccountConfig(max_live_jobs=1, databases=("shop", "shop_*"))}
+            accounts={"5": {"max_live_jobs": 1, "databases": ("shop", "shop_*")}}
         ),
     )
     make_source(spark, config, "shop", "items")

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from lakeprop.config import load_config
+from lakeprop.config import TenantLimits, load_config
 from lakeprop.errors import ErrorCode, InvalidConfigError
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.catalog import apply_commands
 from lakeprop.state.outcomes import Outcome
-from lakeprop.tenants import Tenant, Tenants
+from lakeprop.tenants import Tenants
 from tests.unit.test_catalog_apply import check_ok, register, unregister, update
 
 
@@ -59,15 +59,15 @@ max_live_jobs = 0
 
 def test_an_account_inherits_what_it_does_not_set() -> None:
     t = tenants(CONFIG)
-    assert t.of(7) == Tenant(7, 4.0, 2, 3, 5000, 0, ("sales", "sales_*"))
-    assert t.of(8) == Tenant(8, 1.0, 0, 0, 0, 0, ("shared",))
-    assert t.of(99) == Tenant(99, 1.0, 2, 0, 0, 0, ("shared",))
+    assert t.of(7) == TenantLimits(4.0, 2, 3, 5000, 0, ("sales", "sales_*"))
+    assert t.of(8) == TenantLimits(1.0, 0, 0, 0, 0, ("shared",))
+    assert t.of(99) == TenantLimits(1.0, 2, 0, 0, 0, ("shared",))
     assert t.max_rows(7, 100) == 5000 and t.max_rows(8, 100) == 100
 
 
 def test_the_defaults_are_open() -> None:
-    assert Tenants().of(3) == Tenant(3)
-    assert Tenant(3).may_use("anything")
+    assert Tenants().of(3) == TenantLimits()
+    assert TenantLimits().may_use("anything")
 
 
 @pytest.mark.parametrize(
@@ -81,6 +81,7 @@ def test_the_defaults_are_open() -> None:
             "tenants.accounts.1.databases must be a list",
         ),
         ("[tenants.accounts.1]\nbogus = 1", "unknown setting(s) ['bogus']"),
+        ("[tenants.accounts.1]\nweight = -2", "tenants.accounts.1.weight must be a positive"),
     ],
 )
 def test_bad_tenant_settings_are_named(text: str, message: str) -> None:
