@@ -2,7 +2,7 @@
 
 Modelled on ``mo_iscp_log``: every register, unregister and spec update is a
 message on one topic, keyed by the job key so that one job's messages stay in
-order on one partition. Version 1 of the envelope::
+order on one partition. Version 1 of the envelope of a job's message::
 
     {"version": 1,
      "op": "register" | "unregister" | "update_spec",
@@ -17,7 +17,19 @@ order on one partition. Version 1 of the envelope::
 ``spec`` is required for ``register`` and is a partial spec for ``update_spec``
 (empty fields are filled from the current spec); ``interrupt`` (update_spec
 only) cancels the job's queued or running iteration so the new spec applies at
-once. Decoding is pure: a :class:`LogRecord` in, a :class:`Command` out, or an
+once. ``pause``, ``resume`` and ``resync`` carry the job only.
+
+A bulk operation (:mod:`lakeprop.bulk`) names an account and a selector
+instead of a job, and is keyed by its id (``bulk/<account>/<id>``), which is
+its request id; its cancel and its rollback carry the same key::
+
+    {"version": 1, "op": "bulk", "request_id": "b-2026-11-24-1", "account_id": 0,
+     "selector": {"database": "sales", "job_name": "copy_*"},
+     "operation": "update_spec", "spec": {...}, "interrupt": false}
+    {"version": 1, "op": "bulk_cancel", "request_id": "...", "account_id": 0,
+     "bulk_id": "b-2026-11-24-1"}
+
+Decoding is pure: a :class:`LogRecord` in, a :class:`Command` out, or an
 :class:`~lakeprop.errors.InvalidMessageError` whose message says what is wrong.
 """
 
@@ -26,7 +38,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -46,6 +58,13 @@ class Operation(str, Enum):
     PAUSE = "pause"
     RESUME = "resume"
     RESYNC = "resync"
+    BULK = "bulk"
+    BULK_CANCEL = "bulk_cancel"
+    BULK_ROLLBACK = "bulk_rollback"
+
+    @property
+    def bulk(self) -> bool:
+        return self in (Operation.BULK, Operation.BULK_CANCEL, Operation.BULK_ROLLBACK)
 
 
 _FIELDS = {
@@ -55,6 +74,12 @@ _FIELDS = {
     Operation.PAUSE: {"version", "op", "request_id", "job"},
     Operation.RESUME: {"version", "op", "request_id", "job"},
     Operation.RESYNC: {"version", "op", "request_id", "job"},
+    Operation.BULK: {
+        *("version", "op", "request_id", "account_id", "selector", "operation"),
+        *("spec", "interrupt"),
+    },
+    Operation.BULK_CANCEL: {"version", "op", "request_id", "account_id", "bulk_id"},
+    Operation.BULK_ROLLBACK: {"version", "op", "request_id", "account_id", "bulk_id"},
 }
 
 
@@ -88,12 +113,41 @@ class Command:
     """The partial spec of an update_spec; merged with the current spec and validated
     when applied, since the current spec is only known then."""
     interrupt: bool = False
+    task: str | None = None
+    """Set when a bulk operation's task applies the command (``<bulk id>#<task>``):
+    the job's row then keeps the coordinates of its own last message."""
+    job_id: int | None = None
+    """The job id a bulk rollback's re-register gives the job."""
 
 
-def decode(record: LogRecord, max_bytes: int) -> Command:
+@dataclass(frozen=True)
+class BulkCommand:
+    """A decoded bulk message: a new bulk operation, or the cancel or rollback of one.
+
+    The body of a new one (selector, operation, spec, interrupt) is checked by
+    :mod:`lakeprop.bulk` when the service applies it, as an update_spec's partial
+    spec is."""
+
+    op: Operation
+    request_id: str
+    account_id: int
+    bulk_id: str
+    record: LogRecord
+    body: Mapping[str, Any] = field(default_factory=dict)
+
+
+def bulk_message_key(account_id: int, bulk_id: str) -> bytes:
+    """Kafka key of a bulk operation's messages (the request, its cancel, its rollback)."""
+    return f"bulk/{account_id}/{bulk_id}".encode()
+
+
+def decode(record: LogRecord, max_bytes: int) -> Command | BulkCommand:
     """Decode and validate one change log message, or raise InvalidMessageError."""
     obj = _json_object(record, max_bytes)
-    op, request_id, key = _envelope(obj, record)
+    op, request_id = _envelope(obj)
+    if op.bulk:
+        return _bulk(obj, op, request_id, record)
+    key = _job_key(obj, record)
     return _BODIES[op](obj, Command(op, request_id, key, record))
 
 
@@ -126,8 +180,8 @@ def _json_object(record: LogRecord, max_bytes: int) -> dict[str, Any]:
     return obj
 
 
-def _envelope(obj: Mapping[str, Any], record: LogRecord) -> tuple[Operation, str, JobKey]:
-    """Version, operation, request id and job key, checked against the message key."""
+def _envelope(obj: Mapping[str, Any]) -> tuple[Operation, str]:
+    """Version, operation and request id."""
     version = obj.get("version")
     if version != ENVELOPE_VERSION or isinstance(version, bool):
         raise InvalidMessageError(
@@ -152,17 +206,45 @@ def _envelope(obj: Mapping[str, Any], record: LogRecord) -> tuple[Operation, str
         raise InvalidMessageError("request_id must be a non-empty string")
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidMessageError(f"request_id is longer than {MAX_REQUEST_ID_LENGTH} characters")
+    return op, request_id
 
+
+def _check_key(record: LogRecord, expected: bytes, what: str) -> None:
+    if record.key != expected:
+        shown = None if record.key is None else record.key.decode("utf-8", "replace")[:200]
+        raise InvalidMessageError(
+            f"message key {shown!r} does not match the {what} {expected.decode()!r}; "
+            f"one {what.split()[0]}'s messages must share its key to stay ordered"
+        )
+
+
+def _job_key(obj: Mapping[str, Any], record: LogRecord) -> JobKey:
+    """The job key, checked against the message key."""
     if "job" not in obj:
         raise InvalidMessageError("message is missing field 'job'")
     key = JobKey.from_json(obj["job"])
-    if record.key != key.message_key:
-        shown = None if record.key is None else record.key.decode("utf-8", "replace")[:200]
-        raise InvalidMessageError(
-            f"message key {shown!r} does not match the job key "
-            f"{key.message_key.decode()!r}; one job's messages must share its key to stay ordered"
-        )
-    return op, request_id, key
+    _check_key(record, key.message_key, "job key")
+    return key
+
+
+def _bulk(obj: Mapping[str, Any], op: Operation, request_id: str, record: LogRecord) -> BulkCommand:
+    """A bulk message: account, bulk id (the request id of the bulk itself), and for
+    a new bulk operation its selector, operation and parameters."""
+    account_id = obj.get("account_id")
+    if isinstance(account_id, bool) or not isinstance(account_id, int):
+        raise InvalidMessageError(f"{op.value} message needs an integer account_id")
+    JobKey(account_id, "x", "x", "x")  # the account id's range
+    bulk_id = request_id if op is Operation.BULK else obj.get("bulk_id")
+    if not isinstance(bulk_id, str) or not bulk_id.strip():
+        raise InvalidMessageError(f"{op.value} message needs the bulk_id it applies to")
+    _check_key(record, bulk_message_key(account_id, bulk_id), "bulk key")
+    if op is not Operation.BULK:
+        return BulkCommand(op, request_id, account_id, bulk_id, record)
+    for name in ("selector", "operation"):
+        if name not in obj:
+            raise InvalidMessageError(f"bulk message is missing field {name!r}")
+    body = {k: obj[k] for k in ("selector", "operation", "spec", "interrupt") if k in obj}
+    return BulkCommand(op, request_id, account_id, bulk_id, record, body)
 
 
 def _register_body(obj: Mapping[str, Any], command: Command) -> Command:
@@ -171,13 +253,19 @@ def _register_body(obj: Mapping[str, Any], command: Command) -> Command:
     return replace(command, spec=JobSpec.from_json(obj["spec"]))
 
 
-def _update_body(obj: Mapping[str, Any], command: Command) -> Command:
+def spec_update_of(obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The partial spec and interrupt flag of an update_spec (a message or a bulk body)."""
     spec_update = obj.get("spec")
     if not isinstance(spec_update, dict):
         raise InvalidSpecError("update_spec message needs a 'spec' object (a partial spec)")
     interrupt = obj.get("interrupt", False)
     if not isinstance(interrupt, bool):
         raise InvalidMessageError(f"interrupt must be true or false, got {interrupt!r}")
+    return spec_update, interrupt
+
+
+def _update_body(obj: Mapping[str, Any], command: Command) -> Command:
+    spec_update, interrupt = spec_update_of(obj)
     return replace(command, spec_update=spec_update, interrupt=interrupt)
 
 
@@ -225,6 +313,42 @@ def encode(
     if interrupt is not None:
         body["interrupt"] = interrupt
     return rid, key.message_key, json.dumps(body, sort_keys=True).encode()
+
+
+def encode_bulk(
+    op: Operation,
+    account_id: int,
+    bulk_id: str | None = None,
+    *,
+    selector: Mapping[str, Any] | None = None,
+    operation: str | None = None,
+    spec: Mapping[str, Any] | None = None,
+    interrupt: bool | None = None,
+    request_id: str | None = None,
+) -> tuple[str, bytes, bytes]:
+    """Build a bulk message: (request id, Kafka key, JSON value). A new bulk
+    operation's id is its request id; a cancel or rollback names ``bulk_id``."""
+    rid = request_id or (bulk_id if op is Operation.BULK and bulk_id else uuid.uuid4().hex)
+    target = rid if op is Operation.BULK else bulk_id
+    if target is None:
+        raise ValueError(f"{op.value} needs the bulk_id it applies to")
+    body: dict[str, Any] = {
+        "version": ENVELOPE_VERSION,
+        "op": op.value,
+        "request_id": rid,
+        "account_id": account_id,
+    }
+    if op is Operation.BULK:
+        if selector is None or operation is None:
+            raise ValueError("a bulk operation needs a selector and an operation")
+        body |= {"selector": dict(selector), "operation": operation}
+    else:
+        body["bulk_id"] = target
+    if spec is not None:
+        body["spec"] = spec
+    if interrupt is not None:
+        body["interrupt"] = interrupt
+    return rid, bulk_message_key(account_id, target), json.dumps(body, sort_keys=True).encode()
 
 
 def topic_max_message_bytes(kafka: KafkaConfig) -> int:

@@ -198,6 +198,11 @@ class EngineConfig:
     """Dropped jobs' catalog rows are removed this long after their drop."""
     max_query_restarts: int = 20
     """A failed streaming query is restarted with backoff this many times in a row."""
+    bulk_tasks_per_tick: int = 100
+    """Tasks of bulk operations applied per micro-batch: a large bulk operation
+    spreads over ticks, so it shows progress and a cancel lands in the middle."""
+    bulk_task_attempts: int = 3
+    """Tries of a bulk task that meets a temporary error before it fails."""
 
     def __post_init__(self) -> None:
         _positive(self.workers, "engine.workers")
@@ -209,6 +214,8 @@ class EngineConfig:
                 f"got {self.max_rows_per_iteration}"
             )
         _positive(self.max_query_restarts, "engine.max_query_restarts")
+        _positive(self.bulk_tasks_per_tick, "engine.bulk_tasks_per_tick")
+        _positive(self.bulk_task_attempts, "engine.bulk_task_attempts")
         for f in fields(self):
             if f.name in _DURATIONS:
                 _positive(getattr(self, f.name), f"engine.{f.name}")

@@ -45,6 +45,9 @@ class ErrorCode(IntEnum):
     QUOTA_EXCEEDED = 10500
     OUT_OF_SCOPE = 10501
     TARGET_NOT_ALLOWED = 10502
+    BULK_MATCHES_NOTHING = 10600
+    BULK_NOT_FOUND = 10601
+    BULK_WRONG_STATE = 10602
 
 
 TEMPORARY_LIMIT = 10000
@@ -132,6 +135,13 @@ class TenantError(PermanentError):
     a table that is not its account's to write."""
 
     default_code = ErrorCode.QUOTA_EXCEEDED
+
+
+class BulkError(PermanentError):
+    """A bulk request that cannot be carried out: its selector matches no job, it
+    names an unknown bulk operation, or one in a state that does not allow it."""
+
+    default_code = ErrorCode.BULK_NOT_FOUND
 
 
 class DeliveryError(TemporaryError):

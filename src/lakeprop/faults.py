@@ -49,6 +49,8 @@ POINTS = {
     "iteration.snapshot": "an initial sync (snapshot) is half written",
     "watermarks.flush": "the watermark flush is about to write",
     "gc.run": "garbage collection is about to delete dropped jobs",
+    "bulk.written": "bulk tasks are written running (or a request recorded), the catalog not yet",
+    "bulk.applied": "bulk tasks are applied in the catalog, not yet marked done",
 }
 ACTIONS = ("kill", "raise")
 

@@ -22,12 +22,16 @@ two ways:
   then proves the service recovered (a new message gets its verdict).
 
 Meanwhile a seeded workload runs: jobs of four consumer types and three
-trigger kinds are registered, updated, unregistered and registered again
-through the change log, and rows are inserted, updated and deleted in two
-source tables. After the last cycle the service runs once more, unharmed,
-until every live job has caught up. Then the harness checks:
+trigger kinds are registered, updated, paused, resynced, unregistered and
+registered again through the change log, bulk resyncs go over a table's
+jobs, and rows are inserted, updated and deleted in two source tables. After
+the last cycle the service runs once more, unharmed, until every live job has
+caught up and every bulk operation has ended. Then the harness checks:
 
 * every change log message has exactly one verdict, ``applied``;
+* every bulk operation ended, with each task done (or failed because its job
+  was dropped or registered again meanwhile), and each successful resync
+  task counted exactly once in its job's consumer generation;
 * the catalog's live jobs are exactly those the log implies, with the job ids
   (log coordinates of their registration) and specs it implies;
 * every consumer table equals a from-scratch computation over its source at
@@ -58,6 +62,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop import faults
+from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import LogRecord
 from lakeprop.client.api import LakepropClient, Receipt, TableWatch
 from lakeprop.config import AppConfig, KafkaConfig, StateConfig, load_config
@@ -229,6 +234,7 @@ class Chaos:
         self.live_rows: dict[str, set[int]] = {t: set() for t in TABLES}
         self.next_id = 1
         self.snapshots = 0
+        self.bulks: list[str] = []
         self._next_step = 0.0
 
     # -- set-up ---------------------------------------------------------------------------
@@ -371,8 +377,11 @@ gc_retention = "4s"
         # the base jobs stay, on the default trigger: they keep sharing iterations
         live = self.extra_jobs()
         action = rng.choice(
-            ["register", "register", "update", "update", "unregister", "pause", "resync"]
+            ["register", "register", "update", "update", "unregister", "pause", "resync", "bulk"]
         )
+        if action == "bulk":
+            self.bulk_resync()
+            return
         if action in ("pause", "resync") and not live:
             action = "register"
         if action == "register" and len(live) >= self.settings.max_extra_jobs:
@@ -448,6 +457,13 @@ gc_retention = "4s"
         key = JobKey(1, "chaos", self.rng.choice(TABLES), f"snap{self.snapshots}")
         self.register(key, kind, {"kind": "default"})
 
+    def bulk_resync(self) -> None:
+        """A bulk resync of one table's jobs (its base jobs at least): the model counts
+        its successful tasks when it checks (:meth:`fold_bulks`)."""
+        bulk_id = f"chaos-bulk-{len(self.bulks)}"
+        self.bulks.append(bulk_id)
+        self.send(self.client.bulk(1, "resync", table=self.rng.choice(TABLES), bulk_id=bulk_id))
+
     def drop_one(self) -> None:
         """A dropped job, for garbage collection once the retention has passed."""
         live = self.extra_jobs()
@@ -467,6 +483,8 @@ gc_retention = "4s"
             "iteration.snapshot": self.register_new,
             "watermarks.flush": self.commit_shared,
             "gc.run": self.drop_one,
+            "bulk.written": self.bulk_resync,
+            "bulk.applied": self.bulk_resync,
         }
         return drivers[point] if point else self.step
 
@@ -663,7 +681,12 @@ gc_retention = "4s"
         # the state is read again only after a commit to the catalog, history or verdicts
         watches = [
             TableWatch(self.spark, self.state.table_path(name))
-            for name in (state.CATALOG_TABLE, state.HISTORY_TABLE, state.REQUESTS_TABLE)
+            for name in (
+                state.CATALOG_TABLE,
+                state.HISTORY_TABLE,
+                state.REQUESTS_TABLE,
+                state.BULK_OPERATIONS_TABLE,
+            )
         ]
         try:
             deadline = time.monotonic() + self.settings.catch_up_timeout
@@ -685,11 +708,17 @@ gc_retention = "4s"
         try:
             requests = self._state(state.REQUESTS_TABLE).count()
             jobs = self.client.list_jobs()  # watermarks from the catalog and the history
+            bulks = [
+                BulkState(r["state"]).terminal
+                for r in self._state(state.BULK_OPERATIONS_TABLE).collect()
+            ]
         except Exception:
             return False
         latest = {t: self.version(t) for t in TABLES}
         return (
             requests >= len(self.receipts)
+            and len(bulks) == len(self.bulks)
+            and all(bulks)
             and all(j.watermark == latest[j.key.table] for j in jobs)
             and len(jobs) == len(self.specs)
         )
@@ -728,6 +757,7 @@ gc_retention = "4s"
             ),
         )
 
+        self.fold_bulks()
         catalog = {
             JobKey(r["account_id"], r["database"], r["table"], r["job_name"]): r
             for r in self._state(state.CATALOG_TABLE).where("drop_at IS NULL").collect()
@@ -742,6 +772,30 @@ gc_retention = "4s"
             self.differ(f"{key} state", "completed", row["job_state"])
             self.check_target(key, spec, row["watermark"])
             self.check_history(key, spec, row["job_id"], row["watermark"])
+
+    def fold_bulks(self) -> None:
+        """Every bulk operation ended and none of its tasks is left to run; each
+        successful resync task adds one generation to its job's consumer in the
+        model, so a task applied twice, or lost, shows in the spec check."""
+        operations = self._state(state.BULK_OPERATIONS_TABLE).collect()
+        self.differ("bulk operations", sorted(self.bulks), sorted(o["bulk_id"] for o in operations))
+        self.differ(
+            "bulk operations not ended",
+            [],
+            [o["bulk_id"] for o in operations if not BulkState(o["state"]).terminal],
+        )
+        for task in self._state(state.BULK_TASKS_TABLE).collect():
+            key = JobKey(task["account_id"], task["database"], task["table"], task["job_name"])
+            live = self.job_ids.get(key) == task["job_id"]
+            if task["state"] == TaskState.SUCCESS.value:
+                if live:
+                    consumer = self.specs[key]["iteration"]["consumer"]
+                    consumer["generation"] = consumer.get("generation", 0) + 1
+            elif task["state"] != TaskState.FAIL.value or live:
+                self.report.differences.append(
+                    f"bulk {task['bulk_id']} task {task['task_no']} on {key}: {task['state']} "
+                    f"({task['detail']})"
+                )
 
     def check_target(self, key: JobKey, spec: dict[str, Any], version: int) -> None:
         consumer = spec["iteration"]["consumer"]

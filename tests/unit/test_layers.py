@@ -1,6 +1,6 @@
 """The package's layers: imports flow one way and never in a circle (no Spark needed).
 
-``client → service → engine → consumers → tables / state → spec / config → errors``:
+``client → service → engine → consumers / bulk → tables / state → spec / config → errors``:
 a module may import modules of its own layer or of the layers below it. Every
 import counts, including those inside functions and under ``TYPE_CHECKING``.
 """
@@ -27,6 +27,7 @@ LAYERS = {
     "state": 2,
     "tables": 2,
     "consumers": 3,
+    "bulk": 3,
     "engine": 4,
     "service": 5,
     "client": 6,

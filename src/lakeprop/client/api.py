@@ -26,7 +26,17 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop.changelog import Operation, encode
+from lakeprop.bulk.model import (
+    BulkOp,
+    BulkOperation,
+    BulkTask,
+    Selector,
+    TaskState,
+    counts,
+    parse_bulk_op,
+)
+from lakeprop.bulk.tables import BulkTables
+from lakeprop.changelog import Operation, encode, encode_bulk
 from lakeprop.config import KafkaConfig, NotificationsConfig, StateConfig, TablesConfig
 from lakeprop.errors import (
     DeliveryError,
@@ -44,7 +54,14 @@ from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.status import JobState
-from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE, USAGE_TABLE
+from lakeprop.state.store import (
+    BULK_OPERATIONS_TABLE,
+    BULK_TASKS_TABLE,
+    CATALOG_TABLE,
+    HISTORY_TABLE,
+    REQUESTS_TABLE,
+    USAGE_TABLE,
+)
 from lakeprop.state.usage import UsageRow, hour_of
 from lakeprop.tables.probe import DeltaLogProbe
 
@@ -176,6 +193,35 @@ Message = tuple[Operation, JobKey, dict[str, Any]]
 """An operation on a job with the fields of its envelope (spec, interrupt)."""
 
 
+@dataclass(frozen=True)
+class BulkStatus:
+    """A bulk operation and its tasks, as the service last wrote them."""
+
+    operation: BulkOperation
+    tasks: list[BulkTask]
+
+    @property
+    def done(self) -> int:
+        """Tasks that will not run again (unless rolled back)."""
+        return sum(t.state.terminal for t in self.tasks)
+
+    @property
+    def failed(self) -> int:
+        return sum(t.state in (TaskState.FAIL, TaskState.ROLLBACK_FAIL) for t in self.tasks)
+
+    @property
+    def ended(self) -> bool:
+        return self.operation.state.terminal
+
+    def summary(self) -> str:
+        by_state = ", ".join(f"{n} {s}" for s, n in sorted(counts(self.tasks).items()))
+        return (
+            f"bulk {self.operation.bulk_id} ({self.operation.operation.value}): "
+            f"{self.operation.state.value}, {self.done}/{len(self.tasks)} tasks done, "
+            f"{self.failed} failed [{by_state}]"
+        )
+
+
 class LakepropClient:
     """Client of the change log (writes) and of the state tables (reads)."""
 
@@ -293,12 +339,15 @@ class LakepropClient:
     ) -> list[Receipt]:
         """Produce every message, wait for the broker once, and return their receipts in
         order, or raise DeliveryError naming the first one that was not confirmed."""
+        return self._produce_all(
+            [(f"{op.value} of {key}", *encode(op, key, **fields)) for op, key, fields in messages]
+        )
+
+    def _produce_all(self, messages: Sequence[tuple[str, str, bytes, bytes]]) -> list[Receipt]:
+        """Produce (what, request id, key, value) messages and wait for the broker once."""
         producer = self._producer_ready()
         delivered: dict[int, tuple[Any, Any]] = {}
-        request_ids = []
-        for i, (op, key, fields) in enumerate(messages):
-            request_id, message_key, value = encode(op, key, **fields)
-            request_ids.append(request_id)
+        for i, (_, _, message_key, value) in enumerate(messages):
             producer.produce(
                 self.kafka.topic,
                 key=message_key,
@@ -308,22 +357,22 @@ class LakepropClient:
             producer.poll(0)  # serve delivery callbacks, keep the queue short
         producer.flush(self.kafka.delivery_timeout + 5)
         receipts = []
-        for i, (op, key, _) in enumerate(messages):
+        for i, (what, request_id, _, _) in enumerate(messages):
             if i not in delivered:
                 raise DeliveryError(
-                    f"{op.value} of {key} was not confirmed by {self.kafka.bootstrap_servers} "
+                    f"{what} was not confirmed by {self.kafka.bootstrap_servers} "
                     f"within {self.kafka.delivery_timeout:.0f}s"
                 )
             err, msg = delivered[i]
             if err is not None:
                 raise DeliveryError(
-                    f"{op.value} of {key} was not delivered to {self.kafka.topic} on "
+                    f"{what} was not delivered to {self.kafka.topic} on "
                     f"{self.kafka.bootstrap_servers}: {err.str()}"
                 )
             _, millis = msg.timestamp()
             receipts.append(
                 Receipt(
-                    request_ids[i],
+                    request_id,
                     msg.topic(),
                     msg.partition(),
                     msg.offset(),
@@ -334,6 +383,71 @@ class LakepropClient:
                 )
             )
         return receipts
+
+    # -- bulk operations ------------------------------------------------------------------
+
+    def bulk(
+        self,
+        account_id: int,
+        operation: BulkOp | str,
+        *,
+        database: str | None = None,
+        table: str | None = None,
+        job_name: str | None = None,
+        consumer_type: str | None = None,
+        job_state: JobState | str | None = None,
+        jobs: Sequence[tuple[str, str, str]] | None = None,
+        spec: Mapping[str, Any] | None = None,
+        interrupt: bool | None = None,
+        bulk_id: str | None = None,
+    ) -> Receipt:
+        """Ask for one operation on every live job of ``account_id`` that the selector
+        matches (``database``, ``table`` and ``job_name`` are glob patterns;
+        ``jobs`` lists (database, table, name)). ``operation`` is pause, resume,
+        resync, update_spec (with a partial ``spec``) or unregister. The receipt's
+        request id is the bulk operation's id; sending the same ``bulk_id``
+        again is answered ``already_exists``."""
+        op = operation if isinstance(operation, BulkOp) else parse_bulk_op(operation)
+        selector_json: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("database", database),
+                ("table", table),
+                ("job_name", job_name),
+                ("consumer_type", consumer_type),
+                ("state", None if job_state is None else JobState(job_state).value),
+            )
+            if value is not None
+        }
+        if jobs is not None:
+            selector_json["jobs"] = [{"database": d, "table": t, "name": n} for d, t, n in jobs]
+        selector = Selector.from_json(account_id, selector_json)
+        if (op is BulkOp.UPDATE_SPEC) != (spec is not None):
+            raise InvalidSpecError("a bulk update_spec needs a partial spec, and only it takes one")
+        encoded = encode_bulk(
+            Operation.BULK,
+            account_id,
+            bulk_id,
+            selector=selector.to_json(),
+            operation=op.value,
+            spec=None if spec is None else dict(spec),
+            interrupt=interrupt,
+        )
+        (receipt,) = self._produce_all([(f"bulk {op.value} of account {account_id}", *encoded)])
+        return receipt
+
+    def cancel_bulk(self, account_id: int, bulk_id: str) -> Receipt:
+        """Cancel a running bulk operation: its tasks that have not started never will."""
+        encoded = encode_bulk(Operation.BULK_CANCEL, account_id, bulk_id)
+        (receipt,) = self._produce_all([(f"cancel of bulk {bulk_id}", *encoded)])
+        return receipt
+
+    def rollback_bulk(self, account_id: int, bulk_id: str) -> Receipt:
+        """Undo the tasks of an ended bulk operation that succeeded, from their
+        before-images."""
+        encoded = encode_bulk(Operation.BULK_ROLLBACK, account_id, bulk_id)
+        (receipt,) = self._produce_all([(f"rollback of bulk {bulk_id}", *encoded)])
+        return receipt
 
     def close(self) -> None:
         if self._producer is not None:
@@ -420,12 +534,72 @@ class LakepropClient:
         rows = [UsageRow(*r) for r in df.collect()]
         return sorted(rows, key=lambda u: (u.hour, u.account_id, u.job_id))
 
-    def request_outcome(self, request_id: str) -> dict[str, Any] | None:
-        """What the service made of a request, once it has processed it."""
+    def bulk_status(self, bulk_id: str) -> BulkStatus | None:
+        """A bulk operation with its tasks (in task order), or None if the service has
+        not recorded it (yet)."""
+        self._catalog_rows(F.lit(False))  # no state at all: a clear error
+        tables = BulkTables(
+            self.spark,
+            self.state.table_path(BULK_OPERATIONS_TABLE),
+            self.state.table_path(BULK_TASKS_TABLE),
+        )
+        if DeltaLogProbe(self.spark).latest_version(tables.operations_path) is None:
+            return None  # a service of an earlier release
+        found = tables.operations(bulk_id)
+        return BulkStatus(found[0], tables.tasks([bulk_id])) if found else None
+
+    def wait_for_bulk(
+        self,
+        bulk_id: str,
+        timeout: float = 600.0,
+        poll: float = 0.5,
+        progress: Callable[[BulkStatus], None] | None = None,
+        rollback: bool = False,
+    ) -> BulkStatus:
+        """Block until the bulk operation has ended, or with ``rollback`` its rollback
+        (the operation has ended before one starts); ``progress`` hears its status
+        at every change. The tables are read again only after a new commit to them."""
+        deadline = time.monotonic() + timeout
+        watches = [
+            TableWatch(self.spark, self.state.table_path(name))
+            for name in (BULK_TASKS_TABLE, BULK_OPERATIONS_TABLE)
+        ]
+        status: BulkStatus | None = None
+        while True:
+            if any([w.changed() for w in watches]):
+                status = self.bulk_status(bulk_id)
+                if status is not None and progress is not None:
+                    progress(status)
+            if (
+                status is not None
+                and status.ended
+                and (not rollback or status.operation.state.rollback)
+            ):
+                return status
+            if time.monotonic() >= deadline:
+                where = "is not recorded" if status is None else f"stands at {status.summary()}"
+                raise TemporaryError(
+                    f"bulk operation {bulk_id} did not end within {timeout:.0f}s: it {where}"
+                )
+            time.sleep(poll)
+
+    def request_outcome(
+        self, request_id: str, receipt: Receipt | None = None
+    ) -> dict[str, Any] | None:
+        """What the service made of a request, once it has processed it: of the message
+        of ``receipt`` when given (a request id sent twice has two verdicts), else
+        of the first message with the id."""
         path = self.state.table_path(REQUESTS_TABLE)
         if not DeltaTable.isDeltaTable(self.spark, path):
             return None  # the service has not started on this state yet
-        rows = state.read_table(self.spark, path).where(F.col("request_id") == request_id).collect()
+        condition = F.col("request_id") == request_id
+        if receipt is not None:
+            condition &= (
+                (F.col("topic") == receipt.topic)
+                & (F.col("partition") == receipt.partition)
+                & (F.col("offset") == receipt.offset)
+            )
+        rows = state.read_table(self.spark, path).where(condition).orderBy("offset").collect()
         return rows[0].asDict() if rows else None
 
     def wait_for_outcome(
@@ -445,7 +619,7 @@ class LakepropClient:
         tell = Progress(progress)
         while True:
             tell(f"waiting for the service's verdict on {receipt.request_id}")
-            outcome = self.request_outcome(receipt.request_id) if watch.changed() else None
+            outcome = self.request_outcome(receipt.request_id, receipt) if watch.changed() else None
             if outcome is not None:
                 return outcome
             if time.monotonic() >= deadline:

@@ -10,6 +10,9 @@
     lakeprop notify --database sales --table orders --version 42
     lakeprop search --database kb --table articles --name text "delta merge" --limit 5
     lakeprop unregister --database sales --table orders --name copy
+    lakeprop bulk pause --account 7 --database sales --job 'copy_*' --wait
+    lakeprop bulk status b-1a2b3c
+    lakeprop bulk rollback b-1a2b3c --account 7 --wait
 """
 
 from __future__ import annotations
@@ -199,6 +202,78 @@ def _send(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
+def _bulk_progress(status: Any) -> None:
+    _on_stderr(status.summary())
+
+
+def _wait_bulk(client: Any, receipt: Any, args: argparse.Namespace) -> int:
+    """Wait for the verdict on a bulk message, then for the operation to end, showing
+    its progress; 0 when it ended as asked."""
+    outcome = client.wait_for_outcome(receipt, timeout=args.wait_timeout, progress=_on_stderr)
+    if outcome["outcome"] != "applied":
+        _print(outcome)
+        return 1
+    bulk_id = args.bulk_id if args.action in ("cancel", "rollback") else receipt.request_id
+    status = client.wait_for_bulk(
+        bulk_id,
+        timeout=args.wait_timeout,
+        progress=_bulk_progress,
+        rollback=args.action == "rollback",
+    )
+    from lakeprop.client.render import bulk_table
+
+    print(bulk_table(status))
+    return 0 if status.operation.state.value in ("success", "cancel", "rollback_success") else 1
+
+
+def cmd_bulk(args: argparse.Namespace) -> int:
+    """``bulk OP`` (pause, resume, resync, update-spec, unregister) with a selector,
+    ``bulk cancel|rollback ID``, ``bulk status ID``."""
+    client = _client(args, with_spark=args.action == "status" or getattr(args, "wait", False))
+    if args.action == "status":
+        from lakeprop.client.render import bulk_table
+
+        status = client.bulk_status(args.bulk_id)
+        if status is None:
+            print(f"no bulk operation {args.bulk_id}", file=sys.stderr)
+            return 1
+        if args.json:
+            tasks = [asdict(t) for t in status.tasks]
+            _print({"operation": asdict(status.operation), "tasks": tasks})
+        else:
+            print(bulk_table(status))
+        return 0
+    if args.action == "cancel":
+        receipt = client.cancel_bulk(args.account, args.bulk_id)
+    elif args.action == "rollback":
+        receipt = client.rollback_bulk(args.account, args.bulk_id)
+    else:
+        jobs = [tuple(_qualified_job(j)) for j in args.jobs or []] or None
+        receipt = client.bulk(
+            args.account,
+            args.action.replace("-", "_"),
+            database=args.database,
+            table=args.table,
+            job_name=args.job,
+            consumer_type=args.consumer_type,
+            job_state=args.state,
+            jobs=jobs,
+            spec=_spec_from_flags(args, partial=True) if args.action == "update-spec" else None,
+            interrupt=args.interrupt if args.action == "update-spec" else None,
+            bulk_id=args.id,
+        )
+    client.close()
+    _print(asdict(receipt))
+    return _wait_bulk(client, receipt, args) if args.wait else 0
+
+
+def _qualified_job(text: str) -> list[str]:
+    parts = text.split(".")
+    if len(parts) != 3:
+        raise InvalidArgumentError(f"--jobs takes database.table.name, got {text!r}")
+    return parts
+
+
 def _show_jobs(client: Any, jobs: Sequence[Any]) -> None:
     """Jobs as a table, with each source's lag looked up once."""
     from lakeprop.client.render import job_table
@@ -330,6 +405,36 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--options", help="consumer options as JSON")
 
 
+BULK_OPERATIONS = ("pause", "resume", "resync", "update-spec", "unregister")
+
+
+def _add_bulk(sub: Any) -> None:
+    bulk = sub.add_parser("bulk", help="one operation on many jobs, with progress and rollback")
+    actions = bulk.add_subparsers(dest="action", required=True)
+    for operation in BULK_OPERATIONS:
+        p = actions.add_parser(operation, help=f"{operation} every job the selector matches")
+        p.add_argument("--account", type=int, required=True, help="the jobs' account id")
+        p.add_argument("--database", help="database name or glob pattern")
+        p.add_argument("--table", help="table name or glob pattern")
+        p.add_argument("--job", help="job name or glob pattern, e.g. 'copy_*'")
+        p.add_argument("--consumer-type", help="only jobs with this consumer type")
+        p.add_argument("--state", choices=[s.value for s in JobState])
+        p.add_argument("--jobs", nargs="+", metavar="DB.TABLE.NAME", help="an explicit list")
+        p.add_argument("--id", help="the bulk operation's id (default: a new one)")
+        if operation == "update-spec":
+            _add_spec(p)
+            p.add_argument("--interrupt", action="store_true", help="interrupt running iterations")
+    for action in ("cancel", "rollback"):
+        p = actions.add_parser(action, help=f"{action} a bulk operation")
+        p.add_argument("bulk_id")
+        p.add_argument("--account", type=int, required=True, help="the operation's account id")
+    for p in actions.choices.values():
+        p.add_argument("--wait", action="store_true", help="wait, showing progress, until it ends")
+        p.add_argument("--wait-timeout", type=float, default=600.0)
+    p = actions.add_parser("status", help="a bulk operation and each task's result")
+    p.add_argument("bulk_id")
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="lakeprop", description=__doc__.split("\n")[0])
     root.add_argument("--config", help="TOML config (default: $LAKEPROP_CONFIG or built-ins)")
@@ -383,6 +488,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--field", action="append", help="search only this indexed column (repeatable)")
+    _add_bulk(sub)
     p = sub.add_parser("broker", help="the local development Kafka broker")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--data-dir")
@@ -411,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "usage": cmd_usage,
         "notify": cmd_notify,
         "search": cmd_search,
+        "bulk": cmd_bulk,
         "broker": cmd_broker,
     }
     try:

@@ -1,10 +1,10 @@
-"""How the CLI shows jobs to a person: a plain text table."""
+"""How the CLI shows jobs, usage and bulk operations to a person: plain text tables."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from lakeprop.client.api import JobInfo
+from lakeprop.client.api import BulkStatus, JobInfo
 from lakeprop.state.usage import UsageRow
 
 ERROR_WIDTH = 60
@@ -88,3 +88,22 @@ def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | No
         for j in jobs
     ]
     return _aligned(rows)
+
+
+BULK_COLUMNS = ("TASK", "JOB", "JOB ID", "STATE", "ATTEMPTS", "DETAIL")
+
+
+def bulk_table(status: BulkStatus) -> str:
+    """A bulk operation's summary line, then one row per task."""
+    rows = [
+        (
+            str(t.task_no),
+            str(t.key),
+            str(t.job_id),
+            t.state.value,
+            str(t.attempts),
+            t.detail if len(t.detail) <= ERROR_WIDTH else t.detail[: ERROR_WIDTH - 1] + "…",
+        )
+        for t in status.tasks
+    ]
+    return status.summary() + ("\n" + _aligned([BULK_COLUMNS, *rows]) if rows else "")

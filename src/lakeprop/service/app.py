@@ -13,6 +13,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from lakeprop.bulk.executor import BulkExecutor
+from lakeprop.bulk.tables import BulkTables
 from lakeprop.config import AppConfig
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.policy import FairShare
@@ -27,6 +29,8 @@ from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.store import (
+    BULK_OPERATIONS_TABLE,
+    BULK_TASKS_TABLE,
     CATALOG_TABLE,
     HISTORY_TABLE,
     REJECTS_TABLE,
@@ -67,6 +71,14 @@ class PropagationApp:
             spark, config.state.table_path(USAGE_TABLE), config.state.table_path(HISTORY_TABLE)
         )
         engine = config.engine
+        self.bulk_tables = BulkTables(
+            spark,
+            config.state.table_path(BULK_OPERATIONS_TABLE),
+            config.state.table_path(BULK_TASKS_TABLE),
+        )
+        self.bulk = BulkExecutor(
+            self.bulk_tables, engine.bulk_tasks_per_tick, engine.bulk_task_attempts
+        )
         tables = Tables(spark, config.tables)
         self.tenants = Tenants(
             config.tenants,
@@ -104,6 +116,7 @@ class PropagationApp:
             dirty=self.dirty,
             tenants=self.tenants,
             usage=self.usage,
+            bulk=self.bulk,
             observer=None if self.metrics is None else self.metrics.reported,
             log_empty=ChangelogOffsets(
                 FilesFor(spark)(config.state.checkpoint_location),
@@ -130,7 +143,8 @@ class PropagationApp:
 
     def prepare(self) -> None:
         """Create the state tables, load the catalog, roll it forward from the history,
-        and bring the usage table level with the history.
+        bring the usage table level with the history, and settle the bulk tasks a
+        stop left running.
 
         The tables are independent until the roll-forward: they are created and
         read at once (tables created now are empty and not read at all).
@@ -142,11 +156,13 @@ class PropagationApp:
                 self.outcomes.ensure,
                 self.history.ensure,
                 self.usage.ensure,
+                self.bulk_tables.ensure,
             )
             _all(pool, self.catalog.load, self.outcomes.load)
         self.roll_forward()
         if not self.history.is_new:
             self.usage.catch_up()
+        self.bulk.load(self.catalog.by_id())
 
     def roll_forward(self) -> int:
         """Advance watermarks the consumers already reached, as the history records.

@@ -18,8 +18,11 @@
    something durable changes.
 4. Housekeeping on intervals (:mod:`lakeprop.engine.housekeeping`), among it
    the flush of what the catalog holds in memory only.
-5. One catalog commit of what changed durably (the change log, errors); a
-   tick that changed nothing durable commits nothing.
+5. Bulk operations (:mod:`lakeprop.bulk`): the next few tasks of the running
+   ones are applied to the catalog, after their tables say so.
+6. One catalog commit of what changed durably (the change log, errors, bulk
+   tasks); a tick that changed nothing durable commits nothing. Then the bulk
+   tasks applied are marked done.
 
 Only this thread writes the catalog; workers hand their results back.
 """
@@ -38,7 +41,8 @@ from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakeprop.changelog import Command, LogRecord, best_effort_request_id, decode
+from lakeprop.bulk.executor import BulkExecutor
+from lakeprop.changelog import BulkCommand, Command, LogRecord, best_effort_request_id, decode
 from lakeprop.config import EngineConfig
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.housekeeping import Housekeeping
@@ -144,9 +148,11 @@ class Unobserved:
         pass
 
 
-def decode_all(records: Sequence[LogRecord], max_bytes: int) -> tuple[list[Command], list[Verdict]]:
+def decode_all(
+    records: Sequence[LogRecord], max_bytes: int
+) -> tuple[list[Command | BulkCommand], list[Verdict]]:
     """Decode every record; invalid ones become rejected verdicts."""
-    commands: list[Command] = []
+    commands: list[Command | BulkCommand] = []
     rejected: list[Verdict] = []
     for record in records:
         try:
@@ -181,6 +187,7 @@ class Runner:
         dirty: DirtyTables | None = None,
         tenants: Tenants | None = None,
         usage: UsageTable | None = None,
+        bulk: BulkExecutor | None = None,
         observer: RunnerObserver | None = None,
         log_empty: Callable[[int], bool] | None = None,
     ) -> None:
@@ -206,6 +213,7 @@ class Runner:
             engine.identity_check_interval,
         )
         self.usage = usage
+        self.bulk = bulk
         self.housekeeping = Housekeeping(catalog, engine, clock, usage)
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
@@ -260,9 +268,15 @@ class Runner:
             with timed("housekeeping"):
                 if self.scheduler.started:
                     self.keep_house()
+            with timed("bulk"):
+                self.run_bulk()
             with timed("catalog"):
                 if self.catalog.commit_staged():
                     fault_point("catalog.written")
+                if self.bulk is not None:
+                    if self.bulk.applying:
+                        fault_point("bulk.applied")
+                    self.bulk.finish()
             self.batches += 1
         self.observer.batch(self.timings[-1], tick)
 
@@ -339,14 +353,19 @@ class Runner:
         self.tables.forget()
         commands, verdicts = decode_all(records, self.max_message_bytes)
         fault_point("batch.decoded")
+        recorded = self.outcomes.recorded(records)
         result = apply_commands(
             self.catalog.rows(),
-            commands,
+            [c for c in commands if isinstance(c, Command)],
             self.tables.check,
-            self.outcomes.recorded(records),
+            recorded,
             self.tenants,
         )
         verdicts += result.verdicts
+        bulk = [c for c in commands if isinstance(c, BulkCommand)]
+        if bulk and self.bulk is not None:  # after the job messages of the batch
+            rows = {**self.catalog.by_id(), **result.upserts}.values()
+            verdicts += self.bulk.accept(bulk, rows, self.tenants, recorded)
         self.outcomes.record(verdicts, batch_id)
         self.observer.verdicts(verdicts)
         self.catalog.stage(result.upserts)
@@ -436,6 +455,24 @@ class Runner:
         for ref in self.housekeeping.run(self.clock()):
             self.selection.forget(ref)
             self.retries.pop(ref, None)
+
+    # -- 5. bulk operations --------------------------------------------------------------
+
+    def run_bulk(self) -> None:
+        """Apply the next tasks of the running bulk operations: their tables say so
+        first, then the catalog changes are staged for this micro-batch's commit."""
+        if self.bulk is None:
+            return
+        if self.bulk.busy:
+            self.tables.forget()  # source checks see the tables as they are now
+            result = self.bulk.run(self.catalog.rows(), self.tables.check, self.tenants)
+            self.catalog.stage(result.upserts)
+            for row_id in result.upserts:
+                self.retries.pop(row_id, None)
+            if result.cancel:
+                self.scheduler.cancel(result.cancel, "job changed by a bulk operation")
+        if self.bulk.flush():
+            fault_point("bulk.written")
 
 
 @contextmanager

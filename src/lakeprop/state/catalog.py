@@ -135,6 +135,8 @@ class ApplyResult:
     cancel: set[JobRef] = field(default_factory=set)
     """Jobs whose queued or running iteration must stop: dropped, interrupted by an
     update, or given a new consumer (which restarts them from a snapshot)."""
+    temporary: dict[str, str] = field(default_factory=dict)
+    """Bulk tasks that hit a temporary error (task -> reason): tried again later."""
 
 
 def _already_applied(rows: Sequence[CatalogRow], record: LogRecord) -> bool:
@@ -181,6 +183,12 @@ class _Applying:
     def verdict(self, cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> None:
         self.result.verdicts.append(_verdict(cmd, outcome, detail, **kw))
 
+    def put_touched(self, row: CatalogRow, cmd: Command) -> None:
+        """Put a row a command changed. It records the message's coordinates (what
+        makes a replay skip it), unless a bulk task changed it: the row keeps those
+        of its own last message, which a later bulk message does not follow."""
+        self.put(row if cmd.task else row.touched_by(cmd.record))
+
 
 def _register(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
@@ -203,7 +211,7 @@ def _register(
         database=cmd.key.database,
         table=cmd.key.table,
         job_name=cmd.key.job_name,
-        job_id=job_id_for(cmd.record),
+        job_id=cmd.job_id if cmd.job_id is not None else job_id_for(cmd.record),
         table_id=table_id,
         job_spec=cmd.spec.canonical(),
         job_state=JobState.COMPLETED,
@@ -224,7 +232,7 @@ def _unregister(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
 ) -> None:
     assert live is not None
-    ctx.put(replace(live, drop_at=cmd.record.timestamp).touched_by(cmd.record))
+    ctx.put_touched(replace(live, drop_at=cmd.record.timestamp), cmd)
     ctx.census.remove(live.key)
     ctx.result.cancel.add(live.row_id)
     ctx.verdict(cmd, Outcome.APPLIED, "unregistered", job_id=live.job_id)
@@ -233,8 +241,12 @@ def _unregister(
 def _update_spec(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
 ) -> None:
-    assert live is not None and cmd.spec_update is not None
-    merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
+    assert live is not None
+    if cmd.spec is not None:  # a bulk rollback restores the spec a task replaced
+        merged = cmd.spec
+    else:
+        assert cmd.spec_update is not None
+        merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
     if prior is None:
         ctx.tenants.admit(cmd.key, merged, ctx.census, new_job=False)
         ctx.check(cmd.key, merged)
@@ -246,7 +258,7 @@ def _update_spec(
         ctx.result.cancel.add(live.row_id)
     if live.job_state == JobState.ERROR:
         updated = replace(updated, job_state=JobState.COMPLETED)
-    ctx.put(updated.touched_by(cmd.record))
+    ctx.put_touched(updated, cmd)
     ctx.verdict(cmd, Outcome.APPLIED, "spec updated", job_id=live.job_id)
 
 
@@ -257,7 +269,7 @@ def _pause(
     if live.job_state == JobState.PAUSED:
         ctx.verdict(cmd, Outcome.APPLIED, "already paused", job_id=live.job_id)
         return
-    ctx.put(replace(live, job_state=JobState.PAUSED).touched_by(cmd.record))
+    ctx.put_touched(replace(live, job_state=JobState.PAUSED), cmd)
     ctx.result.cancel.add(live.row_id)
     ctx.verdict(cmd, Outcome.APPLIED, "paused", job_id=live.job_id)
 
@@ -269,7 +281,7 @@ def _resume(
     if live.job_state != JobState.PAUSED:
         ctx.verdict(cmd, Outcome.APPLIED, "not paused", job_id=live.job_id)
         return
-    ctx.put(replace(live, job_state=JobState.COMPLETED).touched_by(cmd.record))
+    ctx.put_touched(replace(live, job_state=JobState.COMPLETED), cmd)
     ctx.verdict(cmd, Outcome.APPLIED, "resumed", job_id=live.job_id)
 
 
@@ -288,7 +300,7 @@ def _resync(
         watermark_ts=None,
         job_state=state,
     )
-    ctx.put(resynced.touched_by(cmd.record))
+    ctx.put_touched(resynced, cmd)
     ctx.result.cancel.add(live.row_id)
     ctx.verdict(cmd, Outcome.APPLIED, "resync from a snapshot", job_id=live.job_id)
 
@@ -354,16 +366,45 @@ def apply_commands(
             prior is not None and prior.outcome is not Outcome.APPLIED
         ):
             continue  # in the rows already, or its verdict is recorded and it changed nothing
-        live = next((r for r in current if r.is_live), None)
-        if live is None and cmd.op in _NEEDS_LIVE_JOB:
-            ctx.verdict(cmd, Outcome.NOT_FOUND, f"no live job {cmd.key}")
-            continue
+        _apply_one(ctx, cmd, prior)
+    return ctx.result
+
+
+def _apply_one(ctx: _Applying, cmd: Command, prior: RecordedVerdict | None) -> None:
+    live = next((r for r in ctx.by_key.get(cmd.key, []) if r.is_live), None)
+    if live is None and cmd.op in _NEEDS_LIVE_JOB:
+        ctx.verdict(cmd, Outcome.NOT_FOUND, f"no live job {cmd.key}")
+        return
+    try:
+        _HANDLERS[cmd.op](ctx, cmd, live, prior)
+    except LakepropError as exc:
+        if exc.is_temporary:
+            raise
+        ctx.verdict(cmd, Outcome.REJECTED, str(exc), error_code=exc.code)
+
+
+def apply_tasks(
+    rows: Iterable[CatalogRow],
+    commands: Sequence[Command],
+    check: SourceCheck,
+    tenants: Tenants | None = None,
+) -> ApplyResult:
+    """Apply the commands of bulk tasks (:attr:`Command.task` set), in order, through
+    the same handlers as the change log's: a verdict per command, except for
+    those that hit a temporary error (:attr:`ApplyResult.temporary`), which
+    change nothing."""
+    by_key: dict[JobKey, list[CatalogRow]] = {}
+    for row in rows:
+        by_key.setdefault(row.key, []).append(row)
+    ctx = _Applying(by_key, check, tenants or Tenants())
+    for cmd in commands:
+        assert cmd.task is not None
+        before = dict(ctx.result.upserts)
         try:
-            _HANDLERS[cmd.op](ctx, cmd, live, prior)
-        except LakepropError as exc:
-            if exc.is_temporary:
-                raise
-            ctx.verdict(cmd, Outcome.REJECTED, str(exc), error_code=exc.code)
+            _apply_one(ctx, cmd, None)
+        except LakepropError as exc:  # temporary: undo nothing, it changed nothing
+            ctx.result.upserts = before
+            ctx.result.temporary[cmd.task] = str(exc)
     return ctx.result
 
 

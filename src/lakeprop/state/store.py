@@ -25,6 +25,8 @@ REQUESTS_TABLE = "requests"
 REJECTS_TABLE = "rejects"
 HISTORY_TABLE = "iterations"
 USAGE_TABLE = "usage"
+BULK_OPERATIONS_TABLE = "bulk_operations"
+BULK_TASKS_TABLE = "bulk_tasks"
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType) -> bool:
@@ -94,3 +96,21 @@ def insert_new(
 ) -> None:
     """Insert rows whose key is not in the table yet; existing rows stay as they are."""
     _merge(spark, path, schema, rows, keys, lambda m: m.whenNotMatchedInsertAll())
+
+
+def upsert(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    keys: Sequence[str],
+) -> None:
+    """Insert rows, replacing those with the same key (one MERGE; none without rows)."""
+    _merge(
+        spark,
+        path,
+        schema,
+        rows,
+        keys,
+        lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(),
+    )

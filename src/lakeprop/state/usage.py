@@ -25,7 +25,6 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -187,15 +186,10 @@ class UsageTable:
         return len(rows)
 
     def _replace(self, rows: Sequence[UsageRow]) -> None:
-        if not rows:
-            return
-        updates = self.spark.createDataFrame([r.as_tuple() for r in rows], USAGE_SCHEMA)
-        key = ("account_id", "job_id", "hour")
-        (
-            DeltaTable.forPath(self.spark, self.path)
-            .alias("u")
-            .merge(updates.alias("n"), " AND ".join(f"u.{k} = n.{k}" for k in key))
-            .whenMatchedUpdateAll()
-            .whenNotMatchedInsertAll()
-            .execute()
+        state.upsert(
+            self.spark,
+            self.path,
+            USAGE_SCHEMA,
+            [r.as_tuple() for r in rows],
+            ("account_id", "job_id", "hour"),
         )

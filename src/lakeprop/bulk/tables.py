@@ -1,0 +1,118 @@
+"""The Delta tables of bulk operations: ``bulk_operations`` and ``bulk_tasks``.
+
+One row per bulk request and one per task (a matched job), keyed by bulk id
+and by bulk id and task number. Rows change state as the tasks run; each write
+is one MERGE per table of the rows that changed, so writing the same rows
+again changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lakeprop.bulk.model import BulkOperation, BulkTask
+from lakeprop.state import store as state
+from lakeprop.tables.probe import DeltaLogProbe
+
+BULK_OPERATIONS_SCHEMA = StructType(
+    [
+        StructField("bulk_id", StringType(), False),
+        StructField("account_id", LongType(), False),
+        StructField("operation", StringType(), False),
+        StructField("selector", StringType(), False),
+        StructField("params", StringType(), False),
+        StructField("state", StringType(), False),
+        StructField("tasks", IntegerType(), False),
+        StructField("created_at", TimestampType(), False),
+        StructField("updated_at", TimestampType(), False),
+        StructField("log_topic", StringType(), False),
+        StructField("log_partition", IntegerType(), False),
+        StructField("log_offset", LongType(), False),
+    ]
+)
+
+BULK_TASKS_SCHEMA = StructType(
+    [
+        StructField("bulk_id", StringType(), False),
+        StructField("task_no", IntegerType(), False),
+        StructField("account_id", LongType(), False),
+        StructField("database", StringType(), False),
+        StructField("table", StringType(), False),
+        StructField("job_name", StringType(), False),
+        StructField("job_id", LongType(), False),
+        StructField("state", StringType(), False),
+        StructField("attempts", IntegerType(), False),
+        StructField("before", StringType(), True),
+        StructField("after", StringType(), True),
+        StructField("detail", StringType(), False),
+        StructField("updated_at", TimestampType(), False),
+    ]
+)
+
+
+class BulkTables:
+    """Reader and writer of the two tables (the executor's store)."""
+
+    def __init__(self, spark: SparkSession, operations_path: str, tasks_path: str) -> None:
+        self.spark = spark
+        self.operations_path = operations_path
+        self.tasks_path = tasks_path
+        self._empty = False
+
+    def ensure(self) -> None:
+        """Create the tables unless they exist; learn from the operations table's log
+        whether it was ever written (most services never run a bulk operation:
+        then nothing reads the tables)."""
+        state.ensure_table(self.spark, self.operations_path, BULK_OPERATIONS_SCHEMA)
+        state.ensure_table(self.spark, self.tasks_path, BULK_TASKS_SCHEMA)
+        self._empty = DeltaLogProbe(self.spark).latest_version(self.operations_path) == 0
+
+    def operations(self, bulk_id: str | None = None) -> list[BulkOperation]:
+        """Every operation, or the one with ``bulk_id``."""
+        if self._empty:
+            return []
+        df = state.read_table(self.spark, self.operations_path)
+        if bulk_id is not None:
+            df = df.where(F.col("bulk_id") == bulk_id)
+        return [BulkOperation.from_row(r) for r in df.collect()]
+
+    def tasks(self, bulk_ids: Iterable[str]) -> list[BulkTask]:
+        ids = sorted(set(bulk_ids))
+        if not ids or self._empty:
+            return []
+        rows = (
+            state.read_table(self.spark, self.tasks_path)
+            .where(F.col("bulk_id").isin(ids))
+            .collect()
+        )
+        return sorted(map(BulkTask.from_row, rows), key=lambda t: (t.bulk_id, t.task_no))
+
+    def write(self, operations: Sequence[BulkOperation], tasks: Sequence[BulkTask]) -> None:
+        """Upsert changed rows: tasks first, so an operation row never names tasks
+        the table lacks."""
+        state.upsert(
+            self.spark,
+            self.tasks_path,
+            BULK_TASKS_SCHEMA,
+            [t.as_tuple() for t in tasks],
+            ("bulk_id", "task_no"),
+        )
+        state.upsert(
+            self.spark,
+            self.operations_path,
+            BULK_OPERATIONS_SCHEMA,
+            [o.as_tuple() for o in operations],
+            ("bulk_id",),
+        )
+        self._empty = False
