@@ -221,9 +221,9 @@ class BulkExecutor:
         self.tasks[operation.bulk_id] = tasks
         self._changed_operations.add(operation.bulk_id)
         self._changed_tasks.update((t.bulk_id, t.task_no) for t in tasks)
-        what = f"bulk {request.operation.value} of {len(tasks)} job(s) accepted"
+        what = f"{request.operation.value} of {len(tasks)} job(s) accepted"
         log.info("bulk %s: %s", cmd.bulk_id, what)
-        return Outcome.APPLIED, what
+        return Outcome.APPLIED, f"bulk {what}"
 
     def _operation(self, cmd: BulkCommand) -> BulkOperation:
         operation = self.operations.get(cmd.bulk_id)

@@ -69,14 +69,15 @@ class BulkTables:
         self.operations_path = operations_path
         self.tasks_path = tasks_path
         self._empty = False
+        self._created = True
 
     def ensure(self) -> None:
-        """Create the tables unless they exist; learn from the operations table's log
-        whether it was ever written (most services never run a bulk operation:
-        then nothing reads the tables)."""
-        state.ensure_table(self.spark, self.operations_path, BULK_OPERATIONS_SCHEMA)
-        state.ensure_table(self.spark, self.tasks_path, BULK_TASKS_SCHEMA)
-        self._empty = DeltaLogProbe(self.spark).latest_version(self.operations_path) == 0
+        """Learn from the operations table's log (no Spark job) whether the tables
+        exist and hold anything. They are created with the first bulk request:
+        most services never run one, and then nothing creates or reads them."""
+        version = DeltaLogProbe(self.spark).latest_version(self.operations_path)
+        self._created = version is not None
+        self._empty = version in (None, 0)
 
     def operations(self, bulk_id: str | None = None) -> list[BulkOperation]:
         """Every operation, or the one with ``bulk_id``."""
@@ -100,7 +101,11 @@ class BulkTables:
 
     def write(self, operations: Sequence[BulkOperation], tasks: Sequence[BulkTask]) -> None:
         """Upsert changed rows: tasks first, so an operation row never names tasks
-        the table lacks."""
+        the table lacks (the tables are created first, tasks first, if need be)."""
+        if not self._created:
+            state.ensure_table(self.spark, self.tasks_path, BULK_TASKS_SCHEMA)
+            state.ensure_table(self.spark, self.operations_path, BULK_OPERATIONS_SCHEMA)
+            self._created = True
         state.upsert(
             self.spark,
             self.tasks_path,
