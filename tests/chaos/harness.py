@@ -710,9 +710,7 @@ gc_retention = "4s"
             jobs = self.client.list_jobs()  # watermarks from the catalog and the history
             bulks = [
                 BulkState(r["state"]).terminal
-                for r in (
-                    self._state(state.BULK_OPERATIONS_TABLE).collect() if self.bulks else []
-                )
+                for r in (self._state(state.BULK_OPERATIONS_TABLE).collect() if self.bulks else [])
             ]
         except Exception:
             return False
