@@ -56,6 +56,8 @@ def jobs(spark: SparkSession, config: AppConfig) -> DataFrame:
 
 
 def wait_applied(spark: SparkSession, config: AppConfig, receipts: list[Receipt]) -> None:
+    """Every message applied, and the catalog commit of its micro-batch written (the
+    verdicts are written first)."""
     ids = [r.request_id for r in receipts]
 
     def applied() -> None:
@@ -67,9 +69,13 @@ def wait_applied(spark: SparkSession, config: AppConfig, receipts: list[Receipt]
             .collect()
         )
         assert {r["outcome"]: r["count"] for r in outcomes} == {"applied": len(ids)}
+        assert jobs(spark, config).count() == len(ids)
 
     assert_eventually(
-        applied, timeout=120, interval=0.25, changes=watches(spark, config, state.REQUESTS_TABLE)
+        applied,
+        timeout=120,
+        interval=0.25,
+        changes=watches(spark, config, state.REQUESTS_TABLE, state.CATALOG_TABLE),
     )
 
 
