@@ -133,6 +133,10 @@ def test_usage_counts_what_each_accounts_jobs_read_and_wrote_once(
     usage = client.usage()
     history = table(spark, app_config, "iterations").collect()
     assert usage == usage_of(history)  # refreshed from the history at shutdown
+    # Spark's own figures: each iteration's tasks ran and its rows were cached;
+    # no account has a budget here, so none was ever paused
+    assert all(r["task_seconds"] > 0 and r["bytes_cached"] > 0 for r in history)
+    assert [r["paused_seconds"] for r in history] == [0.0] * len(history)
     written = {(u.account_id, u.job_name): 0 for u in usage}
     read = {1: 0.0, 2: 0.0}
     for u in usage:

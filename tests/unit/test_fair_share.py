@@ -132,6 +132,15 @@ def test_backpressure_pauses_an_account_above_80_percent_and_resumes_it_under_50
     now[0] = 130.0
     assert pick(600) == theirs and policy.paused == {1: 100.0}  # between: still paused
     assert policy([mine], Load(cached_rows={1: 600})) is None  # waits even with a free worker
+    now[0] = 140.0
     assert pick(499) == mine and policy.paused == {}
     # account 2 has no budget: any amount in flight leaves it running
     assert policy([theirs], Load(cached_rows={2: 10**9})) == theirs
+    # the history's paused_seconds: the part of a wait that fell in the pause (100..140)
+    assert policy.paused_between(1, 90.0, 150.0) == 40.0
+    assert policy.paused_between(1, 120.0, 130.0) == 10.0
+    assert policy.paused_between(1, 140.0, 150.0) == 0.0
+    assert policy.paused_between(2, 90.0, 150.0) == 0.0
+    now[0] = 200.0
+    assert pick(900) == theirs  # paused again, since 200: an open pause counts up to the end
+    assert policy.paused_between(1, 130.0, 210.0) == 10.0 + 10.0

@@ -47,9 +47,12 @@ USAGE_COLUMNS = (
     "ROWS READ",
     "ROWS WRITTEN",
     "ROWS CACHED",
+    "MB CACHED",
     "SPARK JOBS",
+    "TASK S",
     "WALL S",
     "QUEUED S",
+    "PAUSED S",
 )
 
 
@@ -65,9 +68,12 @@ def usage_table(rows: Sequence[UsageRow]) -> str:
                 f"{u.rows_read:.1f}",
                 str(u.rows_written),
                 f"{u.rows_cached:.1f}",
+                f"{u.bytes_cached / 1e6:.2f}",
                 f"{u.spark_jobs:.1f}",
+                f"{u.task_seconds:.1f}",
                 f"{u.wall_seconds:.1f}",
                 f"{u.queued_seconds:.1f}",
+                f"{u.paused_seconds:.1f}",
             )
             for u in rows
         ]

@@ -34,6 +34,7 @@ from lakeprop.engine.model import (
     MemberResult,
     source_gone,
 )
+from lakeprop.engine.sparkstats import cached_bytes, group_jobs, task_seconds
 from lakeprop.errors import ErrorCode, LakepropError
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
@@ -96,6 +97,7 @@ def run_iteration(
     data: DataFrame | None = None
     try:
         data, per_version = _read(source, plan, result, token)
+        result.bytes_cached = cached_bytes(spark, data)
         fault_point("iteration.before_write")
         consume = functools.partial(
             _consume,
@@ -118,9 +120,9 @@ def run_iteration(
             data.unpersist()
         result.canceled = token.cancelled
         result.ended_at = time.time()
-        result.spark_jobs = len(
-            spark.sparkContext.statusTracker().getJobIdsForGroup(plan.iteration_id)
-        )
+        jobs_run = group_jobs(spark, plan.iteration_id)
+        result.spark_jobs = len(jobs_run)
+        result.task_seconds = task_seconds(spark, jobs_run)
     return result
 
 

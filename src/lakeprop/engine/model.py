@@ -131,6 +131,12 @@ class IterationResult:
     canceled: bool = False
     spark_jobs: int = 0
     """Spark jobs the iteration launched (its job group's)."""
+    task_seconds: float | None = None
+    """Executor run time of those jobs' tasks (None: Spark did not say)."""
+    bytes_cached: int | None = None
+    """Bytes the change set or snapshot held in Spark's cache."""
+    paused_seconds: float = 0.0
+    """The part of its queue wait during which its account was paused by backpressure."""
 
     @property
     def outcome(self) -> str:
@@ -184,6 +190,9 @@ class IterationResult:
             ],
             spark_jobs=self.spark_jobs,
             queued_seconds=max(0.0, self.started_at - plan.planned_at),
+            task_seconds=self.task_seconds,
+            bytes_cached=self.bytes_cached,
+            paused_seconds=self.paused_seconds,
         )
 
 

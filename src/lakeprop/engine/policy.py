@@ -10,6 +10,7 @@ without Spark. Two ship: :func:`priority_first`, one queue for everyone, and
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -81,6 +82,7 @@ class FairShare:
 
     PAUSE_AT = 0.8
     RESUME_BELOW = 0.5
+    PAUSES_KEPT = 64
 
     def __init__(
         self,
@@ -98,6 +100,8 @@ class FairShare:
         self.virtual: dict[int, float] = {}
         self.paused: dict[int, float] = {}
         """Accounts under backpressure, and since when (``clock`` time)."""
+        self.pauses: dict[int, deque[tuple[float, float]]] = {}
+        """Each account's latest ended pauses, (since, until), oldest first."""
 
     def pressure(self, load: Load) -> None:
         """Pause accounts above ``PAUSE_AT`` of their budget, resume those under
@@ -108,7 +112,17 @@ class FairShare:
             if budget and cached > self.PAUSE_AT * budget:
                 self.paused.setdefault(account, self.clock())
             elif not budget or cached < self.RESUME_BELOW * budget:
-                self.paused.pop(account, None)
+                since = self.paused.pop(account, None)
+                if since is not None:
+                    ended = self.pauses.setdefault(account, deque(maxlen=self.PAUSES_KEPT))
+                    ended.append((since, self.clock()))
+
+    def paused_between(self, account: int, start: float, end: float) -> float:
+        """Seconds of ``start..end`` during which ``account`` was paused."""
+        spans = [*self.pauses.get(account, ())]
+        if account in self.paused:
+            spans.append((self.paused[account], end))
+        return float(sum(max(0.0, min(until, end) - max(since, start)) for since, until in spans))
 
     def __call__(self, queued: Sequence[Q], load: Load) -> Q | None:
         by_account: dict[int, list[Q]] = {}

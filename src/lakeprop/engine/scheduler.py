@@ -260,6 +260,11 @@ class Scheduler:
                     task, f"iteration crashed: {exc}", ErrorCode.CONSUMER_ERROR
                 )
             with self._cond:
+                paused_between = getattr(self.policy, "paused_between", None)
+                if paused_between is not None:
+                    result.paused_seconds = paused_between(
+                        plan.table.account_id, plan.planned_at, result.started_at
+                    )
                 self._running.pop(plan.iteration_id, None)
                 if plan.serial:
                     self._busy_tables.discard(plan.table)

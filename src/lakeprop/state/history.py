@@ -70,6 +70,9 @@ HISTORY_SCHEMA = StructType(
         StructField("members", ArrayType(MEMBER_SCHEMA, True), False),
         StructField("spark_jobs", IntegerType(), True),
         StructField("queued_seconds", DoubleType(), True),
+        StructField("task_seconds", DoubleType(), True),
+        StructField("bytes_cached", LongType(), True),
+        StructField("paused_seconds", DoubleType(), True),
     ]
 )
 
@@ -120,6 +123,12 @@ class IterationRecord:
     spark_jobs: int
     queued_seconds: float = 0.0
     """From planned to a worker starting it (the wait for a share of the workers)."""
+    task_seconds: float | None = None
+    """Executor run time of the iteration's Spark tasks (None: not known)."""
+    bytes_cached: int | None = None
+    """Bytes the change set or snapshot held in Spark's cache (None: not known)."""
+    paused_seconds: float = 0.0
+    """The part of ``queued_seconds`` its account spent paused by backpressure."""
 
     def as_tuple(self) -> tuple[Any, ...]:
         values = {f.name: getattr(self, f.name) for f in HISTORY_SCHEMA.fields}

@@ -105,12 +105,13 @@ def upsert(
     rows: Sequence[Sequence[Any]],
     keys: Sequence[str],
 ) -> None:
-    """Insert rows, replacing those with the same key (one MERGE; none without rows)."""
+    """Insert rows, replacing those with the same key (one MERGE; none without rows).
+    A table of an earlier release gains the columns ``schema`` adds."""
     _merge(
         spark,
         path,
         schema,
         rows,
         keys,
-        lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(),
+        lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll().withSchemaEvolution(),
     )

@@ -1,21 +1,23 @@
 """Usage accounting: what each account's jobs used, per hour (charging).
 
 The Delta table ``usage`` holds one row per account, job and hour (of an
-iteration's end): iterations, rows read, rows written, rows cached, Spark jobs
-and wall time. It is computed from the iteration history, never added to:
-refreshing an hour recomputes its rows from the history rows of that hour and
-replaces them (a MERGE on account, job and hour), every
-``engine.usage_refresh_interval`` and at shutdown. So a replay, a crash
+iteration's end): iterations, rows read, rows written, rows and bytes cached,
+Spark jobs, Spark task time (executor run time of those jobs' tasks), wall
+time, queue wait and the part of it spent paused by backpressure. It is
+computed from the iteration history, never added to: refreshing an hour
+recomputes its rows from the history rows of that hour and replaces them (a
+MERGE on account, job and hour), every ``engine.usage_refresh_interval`` and
+at shutdown. So a replay, a crash
 between the history append and the refresh, or a refresh run twice count
 nothing twice; at start, when the history has commits after the table's last
 one, the service refreshes every hour from the newest one in ``usage`` on,
 which catches up what a crash left behind.
 
 An iteration shared by several jobs (one change set fanned out) is split
-between them: each gets ``1 / members`` of its rows read and cached, Spark jobs,
-wall time and queue wait (from planned to started: the wait for a share of the
-workers), and its own rows written, so an account's total is what the service
-really spent.
+between them: each gets ``1 / members`` of its rows read, rows and bytes
+cached, Spark jobs and task time, wall time and queue wait (from planned to
+started: the wait for a share of the workers), and its own rows written, so
+an account's total is what the service really spent.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ USAGE_SCHEMA = StructType(
         StructField("spark_jobs", DoubleType(), False),
         StructField("wall_seconds", DoubleType(), False),
         StructField("queued_seconds", DoubleType(), False),
+        StructField("task_seconds", DoubleType(), True),
+        StructField("bytes_cached", DoubleType(), True),
+        StructField("paused_seconds", DoubleType(), True),
     ]
 )
 
@@ -77,6 +82,9 @@ class UsageRow:
     spark_jobs: float = 0.0
     wall_seconds: float = 0.0
     queued_seconds: float = 0.0
+    task_seconds: float = 0.0
+    bytes_cached: float = 0.0
+    paused_seconds: float = 0.0
 
     def as_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -124,6 +132,9 @@ def usage_of(iterations: Iterable[Any]) -> list[UsageRow]:
             row.spark_jobs += (it["spark_jobs"] or 0) * share
             row.wall_seconds += wall * share
             row.queued_seconds += (_get(it, "queued_seconds") or 0.0) * share
+            row.task_seconds += (_get(it, "task_seconds") or 0.0) * share
+            row.bytes_cached += (_get(it, "bytes_cached") or 0) * share
+            row.paused_seconds += (_get(it, "paused_seconds") or 0.0) * share
     return sorted(rows.values(), key=lambda r: (r.account_id, r.job_id, r.hour))
 
 

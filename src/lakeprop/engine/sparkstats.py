@@ -1,0 +1,60 @@
+"""What an iteration cost Spark: its jobs, their task time, the bytes it cached.
+
+Read from the driver's own status store (Spark's ``AppStatusListener``, the
+SparkListener behind the web UI, which keeps each job's group and each stage's
+executor run time) and from the cache manager's statistics of a persisted
+DataFrame. PySpark exposes neither, so both go through the JVM; a Spark whose
+internals differ yields None (the history column stays empty), never a wrong
+figure or a failed iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+LISTENER_WAIT_MS = 2000
+"""How long to let the listener bus deliver the last task-end events."""
+
+
+def group_jobs(spark: SparkSession, group: str) -> list[int]:
+    """The Spark jobs launched in job group ``group``."""
+    return list(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
+    """Executor run time of every task of these jobs' stages, in seconds (summed
+    over tasks, so two cores busy for one second count two)."""
+    context = spark.sparkContext
+    try:
+        jvm_context = context._jsc.sc()
+        jvm_context.listenerBus().waitUntilEmpty(LISTENER_WAIT_MS)
+        store = jvm_context.statusStore()
+        tracker = context.statusTracker()
+        stages = {s for j in jobs if (info := tracker.getJobInfo(j)) for s in info.stageIds}
+        total_ms = 0
+        for stage in stages:
+            try:
+                total_ms += int(store.lastStageAttempt(stage).executorRunTime())
+            except Exception:  # a stage skipped or no longer retained by the store
+                continue
+        return total_ms / 1000.0
+    except Exception as exc:
+        log.debug("task time unavailable: %s", exc)
+        return None
+
+
+def cached_bytes(spark: SparkSession, data: DataFrame) -> int | None:
+    """Bytes the persisted ``data`` holds in Spark's cache (its columnar batches,
+    as the cache manager counted them while filling it); None when not cached."""
+    try:
+        cached = spark._jsparkSession.sharedState().cacheManager().lookupCachedData(data._jdf)
+        if not cached.isDefined():
+            return None
+        return int(cached.get().cachedRepresentation().cacheBuilder().sizeInBytesStats().value())
+    except Exception as exc:
+        log.debug("cached bytes unavailable: %s", exc)
+        return None
