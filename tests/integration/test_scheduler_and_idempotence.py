@@ -14,6 +14,7 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.replica import ReplicaConsumer
 from lakeprop.consumers.secondary_index import SecondaryIndexConsumer
+from lakeprop.engine.housekeeping import account_rows
 from lakeprop.engine.model import (
     CancelToken,
     IterationKind,
@@ -22,10 +23,13 @@ from lakeprop.engine.model import (
     Member,
     TableRef,
 )
-from lakeprop.engine.scheduler import Scheduler
+from lakeprop.engine.policy import FairShare
+from lakeprop.engine.scheduler import AccountLoad, Scheduler
 from lakeprop.spec import JobKey
+from lakeprop.state.accounts import AccountsTable
 from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, latest_version
+from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +142,80 @@ def test_a_replayed_consumer_write_changes_nothing(
         spark.read.format("delta").load(path).select(*columns),
         ignore_row_order=True,
     )
+
+
+def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_says_so(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """Account 1 may hold 1,000 rows in flight: a running iteration holding 900 pauses
+    its next one (not account 2's) until it ends; the wait is recorded as paused and
+    the published ``accounts`` table shows the pause while it lasts."""
+    holding = threading.Event()
+    release = threading.Event()
+    started: list[str] = []
+
+    def work(name: str, plan_: IterationPlan, hold: int = 0):
+        def run(session: SparkSession, token: CancelToken) -> IterationResult:
+            result = IterationResult(plan_, IterationKind.TAIL, time.time())
+            started.append(name)
+            if hold:
+                token.cached_rows = hold
+                holding.set()
+                assert release.wait(60)
+                token.cached_rows = 0
+            result.ended_at = time.time()
+            return result
+
+        return run
+
+    def account_plan(account: int, table: str) -> IterationPlan:
+        return IterationPlan(
+            TableRef(account, "db", table),
+            IterationKind.TAIL,
+            1,
+            (Member(table, 1, 0),),
+            0,
+            time.time(),
+        )
+
+    policy = FairShare(lambda _a: 1.0, budget=lambda a: 1000 if a == 1 else 0)
+    scheduler = Scheduler(spark, workers=2, timeout_s=60, policy=policy)
+    table = AccountsTable(spark, f"{app_config.state.location}/accounts")
+    scheduler.start()
+    try:
+        big, next_one = account_plan(1, "big"), account_plan(1, "next")
+        scheduler.submit(big, work("big", big, hold=900), {})
+        assert holding.wait(60)
+        scheduler.submit(next_one, work("next", next_one), {})
+        other = account_plan(2, "other")
+        scheduler.submit(other, work("other", other), {})  # account 2 is not held
+        loads = assert_eventually(lambda: _paused(scheduler.accounts()), interval=0.05)
+        assert started[:2] == ["big", "other"]
+        assert table.publish(account_rows(loads, time.time()))
+        published = table.read()
+        assert [(r.account_id, r.queued, r.running, r.rows_in_flight) for r in published] == [
+            (1, 1, 1, 900)
+        ]
+        assert published[0].paused_since is not None and published[0].waiting_since is not None
+        assert not table.publish(account_rows(loads, time.time() + 5))  # unchanged: no commit
+        release.set()
+        results: list[IterationResult] = []
+        assert_eventually(lambda: _collected(results, scheduler.drain(), 3), interval=0.05)
+    finally:
+        release.set()
+        scheduler.shutdown()
+    paused = {r.plan.table.table: r.paused_seconds for r in results}
+    assert paused["next"] > 0 and paused["big"] == 0 and paused["other"] == 0
+    assert started == ["big", "other", "next"]
+    assert table.publish(account_rows(scheduler.accounts(), time.time()))  # now empty
+    assert table.read() == []
+
+
+def _paused(loads: dict[int, AccountLoad]) -> dict[int, AccountLoad]:
+    assert 1 in loads and loads[1].paused_since is not None and 2 not in loads
+    return loads
+
+
+def _collected(into: list[IterationResult], more: list[IterationResult], count: int) -> None:
+    into += more
+    assert len(into) == count

@@ -51,10 +51,12 @@ from lakeprop.identifiers import validate_identifier
 from lakeprop.notifications import CommitNotice, ensure_notice_topic
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state import store as state
+from lakeprop.state.accounts import AccountRow, AccountsTable
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.status import JobState
 from lakeprop.state.store import (
+    ACCOUNTS_TABLE,
     BULK_OPERATIONS_TABLE,
     BULK_TASKS_TABLE,
     CATALOG_TABLE,
@@ -531,8 +533,19 @@ class LakepropClient:
             df = df.where(F.col("account_id") == account_id)
         if since is not None:
             df = df.where(F.col("hour") >= F.lit(hour_of(since)))
-        rows = [UsageRow(*r) for r in df.collect()]
+        # columns a table of an earlier release gained empty take their defaults
+        rows = [
+            UsageRow(**{k: v for k, v in r.asDict().items() if v is not None}) for r in df.collect()
+        ]
         return sorted(rows, key=lambda u: (u.hour, u.account_id, u.job_id))
+
+    def accounts(self) -> list[AccountRow]:
+        """Each account's queued and running iterations, rows in flight, and since when
+        it has been paused by backpressure or waiting, as the service last published
+        them (every ``engine.status_flush_interval`` when they changed, and at
+        shutdown; ``updated_at`` says when)."""
+        self._catalog_rows(F.lit(False))  # no state at all: a clear error
+        return AccountsTable(self.spark, self.state.table_path(ACCOUNTS_TABLE)).read()
 
     def bulk_status(self, bulk_id: str) -> BulkStatus | None:
         """A bulk operation with its tasks (in task order), or None if the service has

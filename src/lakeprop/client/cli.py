@@ -7,6 +7,8 @@
     lakeprop status --database sales --table orders --name copy
     lakeprop wait --database sales --table orders --name copy --version latest
     lakeprop list --state error
+    lakeprop usage --account 7 --since 2026-11-01
+    lakeprop accounts
     lakeprop notify --database sales --table orders --version 42
     lakeprop search --database kb --table articles --name text "delta merge" --limit 5
     lakeprop unregister --database sales --table orders --name copy
@@ -340,6 +342,19 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_accounts(args: argparse.Namespace) -> int:
+    from lakeprop.client.render import accounts_table
+
+    rows = _client(args, with_spark=True).accounts()
+    if args.json:
+        for row in rows:
+            print(json.dumps(asdict(row), sort_keys=True, default=str))
+    elif rows:
+        print(f"as of {max(r.updated_at for r in rows):%Y-%m-%d %H:%M:%S}")
+        print(accounts_table(rows))
+    return 0
+
+
 def _moment(text: str) -> datetime:
     """An ISO date or date and time (UTC)."""
     try:
@@ -443,7 +458,9 @@ def parser() -> argparse.ArgumentParser:
     )
     root.add_argument("-v", "--verbose", action="store_true")
     root.add_argument(
-        "--json", action="store_true", help="status and list: JSON instead of a table"
+        "--json",
+        action="store_true",
+        help="status, list, usage and accounts: JSON instead of a table",
     )
     sub = root.add_subparsers(dest="command", required=True)
 
@@ -477,6 +494,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("usage", help="what jobs used, per job and hour (charging)")
     p.add_argument("--account", type=int)
     p.add_argument("--since", type=_moment, help="from this hour on (ISO date or time)")
+    sub.add_parser(
+        "accounts", help="each account's queued and running iterations, waits, backpressure"
+    )
     p = sub.add_parser("notify", help="announce a commit to a source table (notifications)")
     p.add_argument("--database", required=True)
     p.add_argument("--table", required=True)
@@ -515,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wait": cmd_wait,
         "list": cmd_list,
         "usage": cmd_usage,
+        "accounts": cmd_accounts,
         "notify": cmd_notify,
         "search": cmd_search,
         "bulk": cmd_bulk,

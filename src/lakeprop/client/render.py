@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from lakeprop.client.api import BulkStatus, JobInfo
+from lakeprop.state.accounts import AccountRow
 from lakeprop.state.usage import UsageRow
 
 ERROR_WIDTH = 60
@@ -76,6 +78,32 @@ def usage_table(rows: Sequence[UsageRow]) -> str:
                 f"{u.paused_seconds:.1f}",
             )
             for u in rows
+        ]
+    )
+
+
+ACCOUNT_COLUMNS = ("ACCOUNT", "QUEUED", "RUNNING", "ROWS IN FLIGHT", "WAITING", "PAUSED")
+
+
+def accounts_table(rows: Sequence[AccountRow]) -> str:
+    """One row per account: how long its oldest queued iteration has waited and
+    how long backpressure has paused it, as of the rows' ``updated_at``."""
+
+    def since(at: datetime | None, now: datetime) -> str:
+        return "-" if at is None else f"{(now - at).total_seconds():.1f}s (since {at:%H:%M:%S})"
+
+    return _aligned(
+        [ACCOUNT_COLUMNS]
+        + [
+            (
+                str(r.account_id),
+                str(r.queued),
+                str(r.running),
+                str(r.rows_in_flight),
+                since(r.waiting_since, r.updated_at),
+                since(r.paused_since, r.updated_at),
+            )
+            for r in rows
         ]
     )
 

@@ -8,7 +8,9 @@ and the transient pending/running states. One catalog commit writes them: every
 every ``engine.watermark_flush_interval`` otherwise. Dropped jobs stay in the
 catalog for ``engine.gc_retention`` and are then deleted, every
 ``engine.gc_interval``. The usage table is recomputed from the history every
-``engine.usage_refresh_interval`` (:mod:`lakeprop.state.usage`).
+``engine.usage_refresh_interval`` (:mod:`lakeprop.state.usage`), and the
+account loads are published to the ``accounts`` table every
+``engine.status_flush_interval`` when they changed (:mod:`lakeprop.state.accounts`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from datetime import datetime
 
 from lakeprop.config import EngineConfig
+from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.faults import fault_point
 from lakeprop.spec import JobRef
+from lakeprop.state.accounts import AccountRow, AccountsTable
 from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.usage import UsageTable
 
@@ -33,12 +37,17 @@ class Housekeeping:
         engine: EngineConfig,
         clock: Callable[[], float],
         usage: UsageTable | None = None,
+        accounts: AccountsTable | None = None,
+        loads: Callable[[], dict[int, AccountLoad]] = dict,
     ) -> None:
         self.catalog = catalog
         self.usage = usage
+        self.accounts = accounts
+        self.loads = loads
         self.engine = engine
         self._last_flush = clock()
         self._last_usage = self._last_flush
+        self._last_accounts = self._last_flush
         self._last_gc = 0.0
 
     def run(self, now: float) -> list[JobRef]:
@@ -56,10 +65,18 @@ class Housekeeping:
         if self.usage is not None and now - self._last_usage >= self.engine.usage_refresh_interval:
             self.usage.refresh()
             self._last_usage = now
+        if now - self._last_accounts >= self.engine.status_flush_interval:
+            self.publish_accounts(now)
         if now - self._last_gc < self.engine.gc_interval:
             return []
         self._last_gc = now
         return self.collect_garbage(now)
+
+    def publish_accounts(self, now: float) -> None:
+        """Publish the account loads (a commit only when they changed)."""
+        self._last_accounts = now
+        if self.accounts is not None:
+            self.accounts.publish(account_rows(self.loads(), now))
 
     def collect_garbage(self, now: float) -> list[JobRef]:
         """Remove catalog rows of jobs dropped longer than the retention ago."""
@@ -71,3 +88,24 @@ class Housekeeping:
         if doomed:
             log.info("garbage-collected %d dropped job(s)", len(doomed))
         return doomed
+
+
+def account_rows(loads: dict[int, AccountLoad], now: float) -> list[AccountRow]:
+    """The ``accounts`` table rows of the scheduler's account loads at ``now``."""
+
+    def moment(at: float | None) -> datetime | None:
+        return None if at is None else datetime.fromtimestamp(at)
+
+    updated = datetime.fromtimestamp(now)
+    return [
+        AccountRow(
+            account,
+            load.queued,
+            load.running,
+            load.cached_rows,
+            moment(load.paused_since),
+            moment(load.waiting_since),
+            updated,
+        )
+        for account, load in sorted(loads.items())
+    ]

@@ -57,6 +57,8 @@ class AccountLoad:
     running: int
     cached_rows: int
     paused_since: float | None
+    waiting_since: float | None = None
+    """When its oldest queued iteration was planned (None: nothing queued)."""
 
 
 @dataclass
@@ -214,14 +216,17 @@ class Scheduler:
         return Load(self._busy_tables, running, cached)
 
     def accounts(self) -> dict[int, AccountLoad]:
-        """Per account: iterations queued and running, rows in flight, and since
-        when it has been paused by backpressure (None: not paused)."""
+        """Per account: iterations queued and running, rows in flight, since when
+        it has been paused by backpressure (None: not paused) and since when its
+        oldest queued iteration has waited."""
         with self._cond:
             load = self._load()
             queued: dict[int, int] = {}
+            waiting: dict[int, float] = {}
             for t in self._queued:
                 account = t.plan.table.account_id
                 queued[account] = queued.get(account, 0) + 1
+                waiting[account] = min(waiting.get(account, t.plan.planned_at), t.plan.planned_at)
             paused: dict[int, float] = dict(getattr(self.policy, "paused", {}))
         return {
             a: AccountLoad(
@@ -229,6 +234,7 @@ class Scheduler:
                 load.running.get(a, 0),
                 load.cached_rows.get(a, 0),
                 paused.get(a),
+                waiting.get(a),
             )
             for a in sorted({*queued, *load.running, *paused})
         }

@@ -25,10 +25,12 @@ from lakeprop.notifications import CommitNotice, NoticeListener
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.runner import Runner
 from lakeprop.service.stream import ChangelogOffsets, start_query
+from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.store import (
+    ACCOUNTS_TABLE,
     BULK_OPERATIONS_TABLE,
     BULK_TASKS_TABLE,
     CATALOG_TABLE,
@@ -116,6 +118,7 @@ class PropagationApp:
             dirty=self.dirty,
             tenants=self.tenants,
             usage=self.usage,
+            accounts=AccountsTable(spark, config.state.table_path(ACCOUNTS_TABLE)),
             bulk=self.bulk,
             observer=None if self.metrics is None else self.metrics.reported,
             log_empty=ChangelogOffsets(
@@ -303,6 +306,7 @@ class PropagationApp:
             self.catalog.commit_staged()
             self.catalog.flush()  # the table shows where every job stopped
             self.usage.refresh()
+            self.runner.housekeeping.publish_accounts(self.runner.clock())  # nothing queued now
         if self.notices is not None:
             self.notices.stop()
         if self.metrics is not None:

@@ -55,6 +55,7 @@ from lakeprop.errors import InvalidMessageError, TemporaryError
 from lakeprop.faults import fault_point
 from lakeprop.service.stream import log_records
 from lakeprop.spec import JobRef
+from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import CatalogRow, JobCatalog, apply_commands
 from lakeprop.state.history import IterationHistory
 from lakeprop.state.outcomes import Outcome, OutcomeTables, Verdict
@@ -187,6 +188,7 @@ class Runner:
         dirty: DirtyTables | None = None,
         tenants: Tenants | None = None,
         usage: UsageTable | None = None,
+        accounts: AccountsTable | None = None,
         bulk: BulkExecutor | None = None,
         observer: RunnerObserver | None = None,
         log_empty: Callable[[int], bool] | None = None,
@@ -214,7 +216,9 @@ class Runner:
         )
         self.usage = usage
         self.bulk = bulk
-        self.housekeeping = Housekeeping(catalog, engine, clock, usage)
+        self.housekeeping = Housekeeping(
+            catalog, engine, clock, usage, accounts, scheduler.accounts
+        )
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
         self.batches = 0

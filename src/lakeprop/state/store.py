@@ -25,6 +25,7 @@ REQUESTS_TABLE = "requests"
 REJECTS_TABLE = "rejects"
 HISTORY_TABLE = "iterations"
 USAGE_TABLE = "usage"
+ACCOUNTS_TABLE = "accounts"
 BULK_OPERATIONS_TABLE = "bulk_operations"
 BULK_TASKS_TABLE = "bulk_tasks"
 

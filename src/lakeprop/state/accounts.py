@@ -1,0 +1,95 @@
+"""The ``accounts`` table: each account's share of the service, as last published.
+
+One row per account with iterations queued or running, or paused by
+backpressure: how many are queued and running, the rows its running
+iterations hold in flight, since when it has been paused (null: not paused),
+since when its oldest queued iteration has waited, and when the row was
+published. The service overwrites the whole table (one commit) every
+``engine.status_flush_interval`` when the loads changed, and once more at
+shutdown, so a reader sees an account's state as of ``updated_at``; the live
+figures are the ``lakeprop_account_*`` gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lakeprop.state import store as state
+from lakeprop.tables.probe import DeltaLogProbe
+
+ACCOUNTS_SCHEMA = StructType(
+    [
+        StructField("account_id", LongType(), False),
+        StructField("queued", IntegerType(), False),
+        StructField("running", IntegerType(), False),
+        StructField("rows_in_flight", LongType(), False),
+        StructField("paused_since", TimestampType(), True),
+        StructField("waiting_since", TimestampType(), True),
+        StructField("updated_at", TimestampType(), False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class AccountRow:
+    """One account's load (fields in ACCOUNTS_SCHEMA order)."""
+
+    account_id: int
+    queued: int
+    running: int
+    rows_in_flight: int
+    paused_since: datetime | None
+    """Since when backpressure has held its new iterations (None: not paused)."""
+    waiting_since: datetime | None
+    """Since when its oldest queued iteration has waited (None: nothing queued)."""
+    updated_at: datetime
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+class AccountsTable:
+    """Publishes the account loads, one overwrite when they changed."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        self._published: tuple[AccountRow, ...] | None = None
+        """What the table holds (``updated_at`` aside); None: not known yet."""
+
+    def publish(self, rows: Sequence[AccountRow]) -> bool:
+        """Overwrite the table with ``rows`` unless it holds them already; True when
+        written. Before the first write it is known to hold nothing only when it
+        does not exist (a listing of its log, no Spark job)."""
+        loads = tuple(sorted((replace(r, updated_at=datetime.min) for r in rows), key=_key))
+        if self._published is None and DeltaLogProbe(self.spark).latest_version(self.path) is None:
+            self._published = ()
+        if loads == self._published:
+            return False
+        frame = self.spark.createDataFrame([r.as_tuple() for r in rows], ACCOUNTS_SCHEMA)
+        frame.write.format("delta").mode("overwrite").save(self.path)
+        self._published = loads
+        return True
+
+    def read(self) -> list[AccountRow]:
+        """The rows as last published (none when never published)."""
+        if DeltaLogProbe(self.spark).latest_version(self.path) is None:
+            return []
+        rows = state.read_table(self.spark, self.path).collect()
+        return sorted((AccountRow(**r.asDict()) for r in rows), key=_key)
+
+
+def _key(row: AccountRow) -> int:
+    return row.account_id
