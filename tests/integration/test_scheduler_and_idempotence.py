@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -10,6 +11,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from lakeprop.client import cli
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.replica import ReplicaConsumer
@@ -27,8 +29,10 @@ from lakeprop.engine.policy import FairShare
 from lakeprop.engine.scheduler import AccountLoad, Scheduler
 from lakeprop.spec import JobKey
 from lakeprop.state.accounts import AccountsTable
+from lakeprop.state.catalog import JobCatalog
+from lakeprop.state.store import ACCOUNTS_TABLE, CATALOG_TABLE
 from lakeprop.tables.resolve import Tables
-from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, latest_version
+from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, cli_settings, latest_version
 from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
@@ -145,7 +149,7 @@ def test_a_replayed_consumer_write_changes_nothing(
 
 
 def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_says_so(
-    spark: SparkSession, app_config: AppConfig
+    spark: SparkSession, app_config: AppConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Account 1 may hold 1,000 rows in flight: a running iteration holding 900 pauses
     its next one (not account 2's) until it ends; the wait is recorded as paused and
@@ -168,26 +172,17 @@ def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_sa
 
         return run
 
-    def account_plan(account: int, table: str) -> IterationPlan:
-        return IterationPlan(
-            TableRef(account, "db", table),
-            IterationKind.TAIL,
-            1,
-            (Member(table, 1, 0),),
-            0,
-            time.time(),
-        )
-
     policy = FairShare(lambda _a: 1.0, budget=lambda a: 1000 if a == 1 else 0)
     scheduler = Scheduler(spark, workers=2, timeout_s=60, policy=policy)
-    table = AccountsTable(spark, f"{app_config.state.location}/accounts")
+    table = AccountsTable(spark, app_config.state.table_path(ACCOUNTS_TABLE))
+    JobCatalog(spark, app_config.state.table_path(CATALOG_TABLE)).ensure()  # a service's state
     scheduler.start()
     try:
-        big, next_one = account_plan(1, "big"), account_plan(1, "next")
+        big, next_one = _account_plan(1, "big"), _account_plan(1, "next")
         scheduler.submit(big, work("big", big, hold=900), {})
         assert holding.wait(60)
         scheduler.submit(next_one, work("next", next_one), {})
-        other = account_plan(2, "other")
+        other = _account_plan(2, "other")
         scheduler.submit(other, work("other", other), {})  # account 2 is not held
         loads = assert_eventually(lambda: _paused(scheduler.accounts()), interval=0.05)
         assert started[:2] == ["big", "other"]
@@ -198,6 +193,11 @@ def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_sa
         ]
         assert published[0].paused_since is not None and published[0].waiting_since is not None
         assert not table.publish(account_rows(loads, time.time() + 5))  # unchanged: no commit
+        capsys.readouterr()
+        assert cli.main([*cli_settings(app_config), "--json", "accounts"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["account_id"] == 1 and shown["rows_in_flight"] == 900
+        assert shown["paused_since"] == str(published[0].paused_since)
         release.set()
         results: list[IterationResult] = []
         assert_eventually(lambda: _collected(results, scheduler.drain(), 3), interval=0.05)
@@ -209,6 +209,17 @@ def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_sa
     assert started == ["big", "other", "next"]
     assert table.publish(account_rows(scheduler.accounts(), time.time()))  # now empty
     assert table.read() == []
+
+
+def _account_plan(account: int, table: str) -> IterationPlan:
+    return IterationPlan(
+        TableRef(account, "db", table),
+        IterationKind.TAIL,
+        1,
+        (Member(table, 1, 0),),
+        0,
+        time.time(),
+    )
 
 
 def _paused(loads: dict[int, AccountLoad]) -> dict[int, AccountLoad]:
