@@ -31,7 +31,10 @@ def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
     context = spark.sparkContext
     try:
         jvm_context = context._jsc.sc()
-        jvm_context.listenerBus().waitUntilEmpty(LISTENER_WAIT_MS)
+        try:
+            jvm_context.listenerBus().waitUntilEmpty(LISTENER_WAIT_MS)
+        except Exception:  # a busy bus: count what the store has seen so far
+            log.debug("listener bus not drained within %d ms", LISTENER_WAIT_MS)
         store = jvm_context.statusStore()
         tracker = context.statusTracker()
         stages = {s for j in jobs if (info := tracker.getJobInfo(j)) for s in info.stageIds}
