@@ -173,6 +173,11 @@ class EngineConfig:
     version is never split."""
     consumer_threads: int = 4
     """Consumers of one iteration that write at once (each on its own session)."""
+    small_iteration_rows: int = 100_000
+    """An iteration whose change set or snapshot holds at most this many rows runs its
+    consumers without adaptive query execution, on the cluster's default parallelism
+    of shuffle partitions: adaptive execution runs every shuffle stage as a Spark
+    job of its own, which a small MERGE pays for and never gains from (0: never)."""
     iteration_timeout: float = 3600.0
     """An iteration running longer is cancelled (its Spark jobs too) and retried."""
     retry_base: float = 5.0
@@ -208,6 +213,11 @@ class EngineConfig:
         _positive(self.workers, "engine.workers")
         _positive(self.consumer_threads, "engine.consumer_threads")
         _positive(self.max_versions_per_iteration, "engine.max_versions_per_iteration")
+        if self.small_iteration_rows < 0:
+            raise InvalidConfigError(
+                "engine.small_iteration_rows must be 0 (never) or positive, "
+                f"got {self.small_iteration_rows}"
+            )
         if self.max_rows_per_iteration < 0:
             raise InvalidConfigError(
                 "engine.max_rows_per_iteration must be 0 (no bound) or positive, "

@@ -17,7 +17,8 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from pyspark import InheritableThread
 from pyspark.errors import AnalysisException
@@ -84,19 +85,23 @@ def run_iteration(
     tables: Tables,
     token: CancelToken,
     fan_out: int = 1,
+    small_rows: int = 0,
 ) -> IterationResult:
     """Run one iteration in the calling (worker) thread with its own session.
 
     The change set is read once and persisted; up to ``fan_out`` consumers then
     read it at once, each in a session of its own (its Delta transaction confs
     stay apart) and in the iteration's job group (threads inherit it), so that
-    cancelling the iteration reaches every consumer's Spark jobs.
+    cancelling the iteration reaches every consumer's Spark jobs. With at most
+    ``small_rows`` rows read, the consumers' sessions plan without adaptive
+    execution (:func:`small_confs`).
     """
     result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
     source = tables.handle(plan.table.database, plan.table.table, spark)
     data: DataFrame | None = None
     try:
-        data, per_version = _read(source, plan, result, token)
+        with session_confs(spark, COUNTING_CONFS):
+            data, per_version = _read(source, plan, result, token)
         result.bytes_cached = cached_bytes(spark, data)
         fault_point("iteration.before_write")
         consume = functools.partial(
@@ -108,10 +113,12 @@ def run_iteration(
             tables=tables,
             token=token,
         )
+        confs = small_confs(spark) if result.rows_read <= small_rows else {}
         if fan_out > 1 and len(jobs) > 1:
-            _consume_concurrently(spark, jobs, consume, result, fan_out)
+            _consume_concurrently(spark, jobs, consume, result, fan_out, confs)
         else:
-            _consume_in_turn(spark, jobs, consume, result)
+            with session_confs(spark, confs):
+                _consume_in_turn(spark, jobs, consume, result)
         fault_point("iteration.after_writes")
     except Exception as exc:
         _fail_the_rest(result, jobs, source, exc, token)
@@ -146,6 +153,7 @@ def _consume_concurrently(
     consume: Consume,
     result: IterationResult,
     fan_out: int,
+    confs: Mapping[str, str],
 ) -> None:
     """Members on up to ``fan_out`` threads; results in member order. The
     ``iteration.between_consumers`` point fires once the first member has
@@ -157,15 +165,16 @@ def _consume_concurrently(
     done: dict[int, MemberResult] = {}
 
     def work(session: SparkSession) -> None:
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                done[i] = consume(session, jobs[i])
-            finally:
-                finished.put(i)
+        with session_confs(session, confs):
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    done[i] = consume(session, jobs[i])
+                finally:
+                    finished.put(i)
 
     threads = [
         InheritableThread(target=work, args=(session,), name=f"lakeprop-consumer-{n}", daemon=True)
@@ -181,6 +190,39 @@ def _consume_concurrently(
         for thread in threads:
             thread.join()
         result.members += [done[i] for i in sorted(done)]
+
+
+COUNTING_CONFS = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+"""While the change set is cached and counted per commit version: the count's
+shuffle carries one row per version, so one reduce task and no adaptive
+re-planning (which runs each stage as a job of its own) suit it at any size."""
+
+
+def small_confs(spark: SparkSession) -> dict[str, str]:
+    """Session confs for consumers of a small change set: no adaptive execution
+    (each shuffle stage of a MERGE would be a Spark job of its own), and as many
+    shuffle partitions as the cluster has cores by default, not 200."""
+    return {
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.shuffle.partitions": str(max(1, spark.sparkContext.defaultParallelism)),
+    }
+
+
+@contextmanager
+def session_confs(session: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """``confs`` set on ``session`` (a worker's or a consumer's own) for the block,
+    then each back to what it was."""
+    before: dict[str, str | None] = {key: session.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        session.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, earlier in before.items():
+            if earlier is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, earlier)
 
 
 _SESSIONS: weakref.WeakKeyDictionary[SparkSession, list[SparkSession]] = weakref.WeakKeyDictionary()
@@ -331,11 +373,15 @@ def _consume(
 
 
 def iteration_work(
-    plan: IterationPlan, jobs: Sequence[MemberJob], tables: Tables, fan_out: int = 1
+    plan: IterationPlan,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    fan_out: int = 1,
+    small_rows: int = 0,
 ) -> Callable[[SparkSession, CancelToken], IterationResult]:
     """The scheduler's work for ``plan``: run it with the worker's session."""
 
     def work(session: SparkSession, token: CancelToken) -> IterationResult:
-        return run_iteration(session, plan, jobs, tables, token, fan_out)
+        return run_iteration(session, plan, jobs, tables, token, fan_out, small_rows)
 
     return work

@@ -439,7 +439,13 @@ class Runner:
         ]
         self.scheduler.submit(
             plan,
-            iteration_work(plan, jobs, self.tables, self.engine.consumer_threads),
+            iteration_work(
+                plan,
+                jobs,
+                self.tables,
+                self.engine.consumer_threads,
+                self.engine.small_iteration_rows,
+            ),
             {j.member.job_id: j.spec.iteration.consumer.type for j in jobs},
         )
         log.info(
