@@ -67,6 +67,7 @@ def run(
         assert run_iteration(spark, snapshot, [member], tables, CancelToken()).outcome == "success"
         tail_member = MemberJob(Member((key, rep + 1), rep + 1, 0), key, spec)
         tail = IterationPlan(table, IterationKind.TAIL, 3, (tail_member.member,), 0, time.time())
+        spark.sparkContext.setJobGroup(tail.iteration_id, "catch-up")  # as a worker does
         with stopwatch() as elapsed:
             result = run_iteration(spark, tail, [tail_member], tables, CancelToken())
         assert result.outcome == "success", result.members
