@@ -247,6 +247,11 @@ def test_advancing_watermarks_commit_only_the_history_and_the_catalog_catches_up
         assert app.roll_forward() == 0
         assert client.get_job_status(key).watermark == final  # type: ignore[union-attr]
     assert history(spark, config).where("kind = 'tail'").count() == tails
+    # the tables appended to on most ticks checkpoint every 100 commits, not every 10
+    for name in ("iterations", "requests"):
+        detail = DeltaTable.forPath(spark, config.state.table_path(name)).detail().first()
+        assert detail is not None
+        assert detail["properties"] == {"delta.checkpointInterval": "100"}
 
 
 def test_a_backlog_is_cut_into_iterations_of_at_most_the_accounts_max_rows_change_rows(

@@ -143,7 +143,9 @@ class IterationHistory:
         self._created = False
 
     def ensure(self) -> None:
-        self._created = state.ensure_table(self.spark, self.path, HISTORY_SCHEMA)
+        self._created = state.ensure_table(
+            self.spark, self.path, HISTORY_SCHEMA, state.APPEND_LOG_PROPERTIES
+        )
 
     @property
     def is_new(self) -> bool:

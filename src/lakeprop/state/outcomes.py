@@ -127,7 +127,9 @@ class OutcomeTables:
         above it cannot have one, so its batch is no replay (None: read it first)."""
 
     def ensure(self) -> None:
-        created = state.ensure_table(self.spark, self.requests_path, REQUESTS_SCHEMA)
+        created = state.ensure_table(
+            self.spark, self.requests_path, REQUESTS_SCHEMA, state.APPEND_LOG_PROPERTIES
+        )
         created &= state.ensure_table(self.spark, self.rejects_path, REJECTS_SCHEMA)
         self._created = created
 
