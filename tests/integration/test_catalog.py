@@ -23,6 +23,7 @@ from lakeprop.state.catalog import JobCatalog, apply_commands
 from lakeprop.state.status import JobState
 from tests.integration.helpers import (
     catalog_df,
+    latest_version,
     make_source,
     rows_df,
     run_once,
@@ -356,3 +357,55 @@ def test_a_flush_or_gc_between_apply_and_commit_writes_no_part_of_the_batch(
 
 def table_rows(spark: SparkSession, path: str) -> list[object]:
     return spark.read.format("delta").load(path).collect()
+
+
+def test_a_background_flush_never_writes_over_a_later_commit(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The status flush writes from a thread of its own. A batch's commit that
+    gets the table first makes it skip (the commit took its rows along); one
+    that comes after it writes the whole table again; memory learns which rows
+    are durable only from the table's latest write."""
+    t0 = datetime(2026, 1, 1)
+
+    def record(offset: int) -> LogRecord:
+        return LogRecord("log", 0, offset, t0 + timedelta(seconds=offset), None, None)
+
+    def register(name: str, offset: int) -> None:
+        key = JobKey(1, "db", "t", name)
+        cmd = Command(Operation.REGISTER, f"r{offset}", key, record(offset), spec=replica_spec())
+        catalog.stage(apply_commands(catalog.rows(), [cmd], lambda k, s: "t").upserts)
+
+    path = str(tmp_path / "catalog")
+    catalog = JobCatalog(spark, path)
+    catalog.ensure()
+    register("a", 1)
+    catalog.commit_staged()
+
+    def advanced(version: int) -> None:
+        a = next(r for r in catalog.rows() if r.key.job_name == "a")
+        catalog.remember([replace(a, watermark=version)], progress=True)
+
+    def stored() -> list[tuple[str, int | None]]:
+        return sorted((r["job_name"], r["watermark"]) for r in table_rows(spark, path))
+
+    # 1. the flush goes first, then a batch commits: the table ends with both
+    advanced(5)
+    assert catalog.flush_in_background() == 1
+    register("b", 2)
+    catalog.commit_staged()  # waits for the flush's write, then writes everything
+    assert stored() == [("a", 5), ("b", None)]
+    catalog.settle()
+    assert not catalog.behind  # the commit carried the advanced watermark
+
+    # 2. a batch's commit gets the table first: the flush, holding older content, skips
+    advanced(7)
+    before = latest_version(spark, path)
+    with catalog._write_lock:  # the flush's thread waits for the table meanwhile
+        assert catalog.flush_in_background() == 1
+        register("c", 3)
+        catalog.commit_staged()  # this thread holds the lock: it writes first
+    assert catalog.flush() == 0  # joins the flush, which skipped: nothing left to write
+    assert stored() == [("a", 7), ("b", None), ("c", None)]
+    assert not catalog.behind
+    assert latest_version(spark, path) == before + 1  # the commit of c alone

@@ -5,8 +5,9 @@ holds the watermarks iterations advanced (durable already in the iteration
 history), the ``watermark_ts`` of idle jobs found fresh by trigger selection,
 and the transient pending/running states. One catalog commit writes them: every
 ``engine.status_flush_interval`` while a watermark or status has advanced, and
-every ``engine.watermark_flush_interval`` otherwise. Dropped jobs stay in the
-catalog for ``engine.gc_retention`` and are then deleted, every
+every ``engine.watermark_flush_interval`` otherwise, on a thread of its own
+so that the micro-batch does not wait for a write of the whole table. Dropped
+jobs stay in the catalog for ``engine.gc_retention`` and are then deleted, every
 ``engine.gc_interval``. The usage table is recomputed from the history every
 ``engine.usage_refresh_interval`` (:mod:`lakeprop.state.usage`), and the
 account loads are published to the ``accounts`` table every
@@ -56,12 +57,13 @@ class Housekeeping:
         interval = self.engine.watermark_flush_interval
         if self.catalog.behind:
             interval = min(interval, self.engine.status_flush_interval)
+        self.catalog.settle()
         if since >= interval:
             fault_point("watermarks.flush")
-            flushed = self.catalog.flush()
+            flushed = self.catalog.flush_in_background()
             self._last_flush = now
             if flushed:
-                log.info("flushed %d job(s) changed in memory to the catalog", flushed)
+                log.info("flushing %d job(s) changed in memory to the catalog", flushed)
         if self.usage is not None and now - self._last_usage >= self.engine.usage_refresh_interval:
             self.usage.refresh()
             self._last_usage = now

@@ -14,6 +14,8 @@ decoded commands in, the rows to upsert and a verdict per command out.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -36,6 +38,8 @@ from lakeprop.state import store as state
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
 from lakeprop.state.status import EMPTY_STATUS, JobState
 from lakeprop.tenants import Census, Tenants
+
+log = logging.getLogger(__name__)
 
 CATALOG_SCHEMA = StructType(
     [
@@ -408,13 +412,30 @@ def apply_tasks(
     return ctx.result
 
 
+@dataclass
+class _Flush:
+    """A flush writing on a thread of its own (see :meth:`JobCatalog.flush_in_background`)."""
+
+    base: int
+    """The catalog's write count when its content was taken."""
+    content: dict[JobRef, CatalogRow]
+    rows: dict[JobRef, CatalogRow]
+    """The rows it writes that memory held only."""
+    thread: threading.Thread | None = None
+    written_as: int | None = None
+    """Its write's number; None when it did not write (a later content went first)."""
+    error: BaseException | None = None
+
+
 class JobCatalog:
     """The catalog rows in memory, backed by a Delta table (the durable truth).
 
-    Only the micro-batch thread changes it. Changes that must be durable (the
-    change log's, an error) are staged in memory and written with one commit at
-    the end of the micro-batch (:meth:`commit_staged`); if that write fails the
-    query fails and a restart reloads the table. Changes that need not be
+    Only the micro-batch thread changes it; a status flush may write the table
+    from a thread of its own (:meth:`flush_in_background`), never its memory.
+    Changes that must be durable (the change log's, an error) are staged in
+    memory and written with one commit at the end of the micro-batch
+    (:meth:`commit_staged`); if that write fails the query fails and a restart
+    reloads the table. Changes that need not be
     durable at once stay in memory until :meth:`flush`, as the seed's in-memory
     watermark does: a fresh watermark time of an idle job, a transient state,
     and an advanced watermark, whose durable record is the iteration history
@@ -433,6 +454,10 @@ class JobCatalog:
         """Dirty rows whose watermark or status advanced (flushed more often)."""
         self._staged: set[JobRef] = set()
         self._created = False
+        self._write_lock = threading.RLock()
+        self._writes = 0
+        """Writes of the table so far (under the lock)."""
+        self._flushing: _Flush | None = None
 
     def ensure(self) -> None:
         self._created = state.ensure_table(self.spark, self.path, CATALOG_SCHEMA)
@@ -450,10 +475,23 @@ class JobCatalog:
         service writes it: writing it whole is one Spark job, where a MERGE
         first reads and joins the table (and rewrites the same file anyway).
         """
-        state.overwrite(
-            self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in rows.values()]
-        )
+        self.settle()
+        self._write_table(rows)
         self._durable = dict(rows)
+
+    def _write_table(
+        self, rows: Mapping[JobRef, CatalogRow], base: int | None = None
+    ) -> int | None:
+        """Overwrite the table with ``rows``, one write at a time; with ``base``, only if
+        no write happened since the write count was ``base`` (None then: skipped)."""
+        with self._write_lock:
+            if base is not None and self._writes != base:
+                return None
+            state.overwrite(
+                self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in rows.values()]
+            )
+            self._writes += 1
+            return self._writes
 
     def rows(self) -> list[CatalogRow]:
         return list(self._rows.values())
@@ -492,21 +530,72 @@ class JobCatalog:
         """Whether memory holds advanced watermarks or statuses the table does not."""
         return bool(self._progress)
 
-    def flush(self) -> int:
-        """Write the rows changed only in memory.
-
-        A row also staged waits for :meth:`commit_staged`: the staged rows of a
-        batch are one prefix of the change log, and writing some of them early
-        would persist a later message without an earlier one (a replay then
-        takes the earlier one as applied).
-        """
-        dirty = {
+    def _unflushed(self) -> dict[JobRef, CatalogRow]:
+        """Rows changed only in memory. A row also staged waits for
+        :meth:`commit_staged`: the staged rows of a batch are one prefix of the
+        change log, and writing some of them early would persist a later message
+        without an earlier one (a replay then takes the earlier one as applied)."""
+        return {
             rid: self._rows[rid]
             for rid in self._dirty
             if rid in self._rows and rid not in self._staged
         }
+
+    def flush(self) -> int:
+        """Write the rows changed only in memory (after a background flush ends)."""
+        if self._flushing is not None and self._flushing.thread is not None:
+            self._flushing.thread.join()
+        self.settle()
+        dirty = self._unflushed()
         self.commit(dirty)
         return len(dirty)
+
+    def flush_in_background(self) -> int:
+        """Start writing the rows changed only in memory on a thread of its own, so
+        the micro-batch does not wait for a write of the whole table; the rows it
+        writes (0: nothing to write, or a flush still runs).
+
+        Its content is taken now. It writes only if no other write went first (a
+        commit then took the rows along, as every write holds what memory does),
+        and :meth:`settle` takes its result into memory on the micro-batch thread.
+        A write that fails leaves the rows to the next flush: the watermarks are
+        durable in the iteration history already.
+        """
+        self.settle()
+        if self._flushing is not None:
+            return 0
+        rows = self._unflushed()
+        if not rows:
+            return 0
+        flush = _Flush(self._writes, {**self._durable, **rows}, rows)
+
+        def write() -> None:
+            try:
+                flush.written_as = self._write_table(flush.content, flush.base)
+            except BaseException as exc:  # settled on the micro-batch thread
+                flush.error = exc
+
+        flush.thread = threading.Thread(target=write, name="lakeprop-catalog-flush", daemon=True)
+        self._flushing = flush
+        flush.thread.start()
+        return len(rows)
+
+    def settle(self) -> None:
+        """Take in a background flush that has ended: if its write is still the
+        table's latest, memory learns that its rows are durable."""
+        flush = self._flushing
+        if flush is None or (flush.thread is not None and flush.thread.is_alive()):
+            return
+        self._flushing = None
+        if flush.error is not None:
+            log.warning("catalog flush failed, retried at the next one: %s", flush.error)
+            return
+        if flush.written_as is None or flush.written_as != self._writes:
+            return  # a later write holds these rows, or rewrote the table without them
+        self._durable = flush.content
+        done = {rid for rid, row in flush.rows.items() if self._rows.get(rid) is row}
+        self._dirty -= done
+        self._progress -= done
 
     def dropped_before(self, cutoff: datetime) -> list[JobRef]:
         """Jobs whose drop is written and older than ``cutoff`` (a staged drop is not)."""
