@@ -68,17 +68,18 @@ class Housekeeping:
             self.usage.refresh()
             self._last_usage = now
         if now - self._last_accounts >= self.engine.status_flush_interval:
-            self.publish_accounts(now)
+            self.publish_accounts(now, background=True)
         if now - self._last_gc < self.engine.gc_interval:
             return []
         self._last_gc = now
         return self.collect_garbage(now)
 
-    def publish_accounts(self, now: float) -> None:
-        """Publish the account loads (a commit only when they changed)."""
+    def publish_accounts(self, now: float, background: bool = False) -> None:
+        """Publish the account loads (a commit only when they changed), with
+        ``background`` on a thread of its own."""
         self._last_accounts = now
         if self.accounts is not None:
-            self.accounts.publish(account_rows(self.loads(), now))
+            self.accounts.publish(account_rows(self.loads(), now), background)
 
     def collect_garbage(self, now: float) -> list[JobRef]:
         """Remove catalog rows of jobs dropped longer than the retention ago."""

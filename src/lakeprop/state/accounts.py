@@ -4,14 +4,16 @@ One row per account with iterations queued or running, or paused by
 backpressure: how many are queued and running, the rows its running
 iterations hold in flight, since when it has been paused (null: not paused),
 since when its oldest queued iteration has waited, and when the row was
-published. The service overwrites the whole table (one commit) every
-``engine.status_flush_interval`` when the loads changed, and once more at
-shutdown, so a reader sees an account's state as of ``updated_at``; the live
+published. The service overwrites the whole table (one commit, on a thread
+of its own) every ``engine.status_flush_interval`` when the loads changed,
+and once more at shutdown, so a reader sees an account's state as of ``updated_at``; the live
 figures are the ``lakeprop_account_*`` gauges.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
@@ -28,6 +30,8 @@ from pyspark.sql.types import (
 
 from lakeprop.state import store as state
 from lakeprop.tables.probe import DeltaLogProbe
+
+log = logging.getLogger(__name__)
 
 ACCOUNTS_SCHEMA = StructType(
     [
@@ -68,19 +72,40 @@ class AccountsTable:
         self.path = path
         self._published: tuple[AccountRow, ...] | None = None
         """What the table holds (``updated_at`` aside); None: not known yet."""
+        self._writing: threading.Thread | None = None
 
-    def publish(self, rows: Sequence[AccountRow]) -> bool:
+    def publish(self, rows: Sequence[AccountRow], background: bool = False) -> bool:
         """Overwrite the table with ``rows`` unless it holds them already; True when
-        written. Before the first write it is known to hold nothing only when it
-        does not exist (a listing of its log, no Spark job)."""
+        written (or, with ``background``, when a write of them started on a thread
+        of its own; False then also while the previous one still runs). Before the
+        first write the table is known to hold nothing only when it does not exist
+        (a listing of its log, no Spark job)."""
+        if self._writing is not None and self._writing.is_alive():
+            if background:
+                return False
+            self._writing.join()
         loads = tuple(sorted((replace(r, updated_at=datetime.min) for r in rows), key=_key))
         if self._published is None and DeltaLogProbe(self.spark).latest_version(self.path) is None:
             self._published = ()
         if loads == self._published:
             return False
-        frame = self.spark.createDataFrame([r.as_tuple() for r in rows], ACCOUNTS_SCHEMA)
-        frame.write.format("delta").mode("overwrite").save(self.path)
         self._published = loads
+
+        def write() -> None:
+            try:
+                frame = self.spark.createDataFrame([r.as_tuple() for r in rows], ACCOUNTS_SCHEMA)
+                frame.write.format("delta").mode("overwrite").save(self.path)
+            except Exception:
+                self._published = None  # not known: written again next time
+                if not background:
+                    raise
+                log.warning("publishing the account loads failed", exc_info=True)
+
+        if background:
+            self._writing = threading.Thread(target=write, name="lakeprop-accounts", daemon=True)
+            self._writing.start()
+        else:
+            write()
         return True
 
     def read(self) -> list[AccountRow]:
