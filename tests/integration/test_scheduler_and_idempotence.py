@@ -163,10 +163,10 @@ def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_sa
             result = IterationResult(plan_, IterationKind.TAIL, time.time())
             started.append(name)
             if hold:
-                token.cached_rows = hold
+                token.cached_rows, token.cached_bytes = hold, hold * 40
                 holding.set()
                 assert release.wait(60)
-                token.cached_rows = 0
+                token.cached_rows = token.cached_bytes = 0
             result.ended_at = time.time()
             return result
 
@@ -188,9 +188,10 @@ def test_backpressure_holds_an_accounts_next_iteration_and_the_accounts_table_sa
         assert started[:2] == ["big", "other"]
         assert table.publish(account_rows(loads, time.time()))
         published = table.read()
-        assert [(r.account_id, r.queued, r.running, r.rows_in_flight) for r in published] == [
-            (1, 1, 1, 900)
-        ]
+        assert [
+            (r.account_id, r.queued, r.running, r.rows_in_flight, r.bytes_in_flight)
+            for r in published
+        ] == [(1, 1, 1, 900, 36_000)]
         assert published[0].paused_since is not None and published[0].waiting_since is not None
         assert not table.publish(account_rows(loads, time.time() + 5))  # unchanged: no commit
         capsys.readouterr()

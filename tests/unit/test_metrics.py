@@ -124,12 +124,17 @@ def test_job_gauges_read_watermark_lag_and_state_at_scrape_time() -> None:
 
 def test_account_gauges_show_the_schedulers_share_and_backpressure() -> None:
     registry = CollectorRegistry()
-    loads = {1: AccountLoad(5, 2, 1200, 1700.5), 2: AccountLoad(0, 1, 30, None)}
+    loads = {
+        1: AccountLoad(5, 2, 1200, 1700.5, cached_bytes=48_000),
+        2: AccountLoad(0, 1, 30, None),
+    }
     registry.register(AccountGauges(lambda: loads))
     one, two = {"account": "1"}, {"account": "2"}
     assert sample(registry, "lakeprop_account_iterations_queued", **one) == 5
     assert sample(registry, "lakeprop_account_iterations_running", **one) == 2
     assert sample(registry, "lakeprop_account_rows_in_flight", **one) == 1200
+    assert sample(registry, "lakeprop_account_bytes_in_flight", **one) == 48_000
+    assert sample(registry, "lakeprop_account_bytes_in_flight", **two) == 0
     assert sample(registry, "lakeprop_account_paused_since_seconds", **one) == 1700.5
     assert sample(registry, "lakeprop_account_paused_since_seconds", **two) == 0
     assert sample(registry, "lakeprop_account_rows_in_flight", **two) == 30

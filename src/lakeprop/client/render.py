@@ -82,7 +82,15 @@ def usage_table(rows: Sequence[UsageRow]) -> str:
     )
 
 
-ACCOUNT_COLUMNS = ("ACCOUNT", "QUEUED", "RUNNING", "ROWS IN FLIGHT", "WAITING", "PAUSED")
+ACCOUNT_COLUMNS = (
+    "ACCOUNT",
+    "QUEUED",
+    "RUNNING",
+    "ROWS IN FLIGHT",
+    "MB IN FLIGHT",
+    "WAITING",
+    "PAUSED",
+)
 
 
 def accounts_table(rows: Sequence[AccountRow]) -> str:
@@ -100,6 +108,7 @@ def accounts_table(rows: Sequence[AccountRow]) -> str:
                 str(r.queued),
                 str(r.running),
                 str(r.rows_in_flight),
+                f"{r.bytes_in_flight / 1e6:.2f}",
                 since(r.waiting_since, r.updated_at),
                 since(r.paused_since, r.updated_at),
             )

@@ -106,6 +106,7 @@ def account_rows(loads: dict[int, AccountLoad], now: float) -> list[AccountRow]:
             load.queued,
             load.running,
             load.cached_rows,
+            load.cached_bytes,
             moment(load.paused_since),
             moment(load.waiting_since),
             updated,

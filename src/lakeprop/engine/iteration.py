@@ -103,6 +103,7 @@ def run_iteration(
         with session_confs(spark, COUNTING_CONFS):
             data, per_version = _read(source, plan, result, token)
         result.bytes_cached = cached_bytes(spark, data)
+        token.cached_bytes = result.bytes_cached or 0
         fault_point("iteration.before_write")
         consume = functools.partial(
             _consume,

@@ -83,7 +83,8 @@ class CancelToken:
 
     It also tells the scheduler what the running iteration holds: ``cached_rows``,
     the rows of its persisted change set (the account's rows in flight, for
-    backpressure), set once the set is read and counted.
+    backpressure), set once the set is read and counted, and ``cached_bytes``,
+    their size in Spark's cache.
     """
 
     def __init__(self) -> None:
@@ -91,6 +92,7 @@ class CancelToken:
         self.reason = ""
         self.code = ErrorCode.ITERATION_CANCELED
         self.cached_rows = 0
+        self.cached_bytes = 0
 
     def cancel(self, reason: str, code: ErrorCode = ErrorCode.ITERATION_CANCELED) -> None:
         if not self._event.is_set():

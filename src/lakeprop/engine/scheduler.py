@@ -59,6 +59,8 @@ class AccountLoad:
     paused_since: float | None
     waiting_since: float | None = None
     """When its oldest queued iteration was planned (None: nothing queued)."""
+    cached_bytes: int = 0
+    """Bytes its running iterations hold in Spark's cache."""
 
 
 @dataclass
@@ -216,7 +218,7 @@ class Scheduler:
         return Load(self._busy_tables, running, cached)
 
     def accounts(self) -> dict[int, AccountLoad]:
-        """Per account: iterations queued and running, rows in flight, since when
+        """Per account: iterations queued and running, rows and bytes in flight, since when
         it has been paused by backpressure (None: not paused) and since when its
         oldest queued iteration has waited."""
         with self._cond:
@@ -228,6 +230,10 @@ class Scheduler:
                 queued[account] = queued.get(account, 0) + 1
                 waiting[account] = min(waiting.get(account, t.plan.planned_at), t.plan.planned_at)
             paused: dict[int, float] = dict(getattr(self.policy, "paused", {}))
+            cached_bytes: dict[int, int] = {}
+            for t in self._running.values():
+                account = t.plan.table.account_id
+                cached_bytes[account] = cached_bytes.get(account, 0) + t.token.cached_bytes
         return {
             a: AccountLoad(
                 queued.get(a, 0),
@@ -235,6 +241,7 @@ class Scheduler:
                 load.cached_rows.get(a, 0),
                 paused.get(a),
                 waiting.get(a),
+                cached_bytes.get(a, 0),
             )
             for a in sorted({*queued, *load.running, *paused})
         }

@@ -134,8 +134,8 @@ class ServiceMetrics:
 
 
 class AccountGauges(Collector):
-    """Per account, at scrape time: iterations queued and running, rows in flight,
-    and backpressure (since when paused; 0 when not)."""
+    """Per account, at scrape time: iterations queued and running, rows and bytes in
+    flight, and backpressure (since when paused; 0 when not)."""
 
     def __init__(self, accounts: Callable[[], Mapping[int, AccountLoad]]) -> None:
         self._accounts = accounts
@@ -156,6 +156,11 @@ class AccountGauges(Collector):
                 "Rows the account's running iterations hold cached",
                 labels=labels,
             ),
+            "bytes": GaugeMetricFamily(
+                "lakeprop_account_bytes_in_flight",
+                "Bytes the account's running iterations hold in Spark's cache",
+                labels=labels,
+            ),
             "paused": GaugeMetricFamily(
                 "lakeprop_account_paused_since_seconds",
                 "Unix time since which backpressure holds the account's new iterations (0: not)",
@@ -167,6 +172,7 @@ class AccountGauges(Collector):
             families["queued"].add_metric(label, load.queued)
             families["running"].add_metric(label, load.running)
             families["cached"].add_metric(label, load.cached_rows)
+            families["bytes"].add_metric(label, load.cached_bytes)
             families["paused"].add_metric(label, load.paused_since or 0.0)
         yield from families.values()
 

@@ -2,11 +2,12 @@
 
 One row per account with iterations queued or running, or paused by
 backpressure: how many are queued and running, the rows its running
-iterations hold in flight, since when it has been paused (null: not paused),
-since when its oldest queued iteration has waited, and when the row was
-published. The service overwrites the whole table (one commit, on a thread
-of its own) every ``engine.status_flush_interval`` when the loads changed,
-and once more at shutdown, so a reader sees an account's state as of ``updated_at``; the live
+iterations hold in flight and their bytes in Spark's cache, since when it
+has been paused (null: not paused), since when its oldest queued iteration
+has waited, and when the row was published. The service overwrites the
+whole table (one commit, on a thread of its own) every
+``engine.status_flush_interval`` when the loads changed, and once more at
+shutdown, so a reader sees an account's state as of ``updated_at``; the live
 figures are the ``lakeprop_account_*`` gauges.
 """
 
@@ -39,6 +40,7 @@ ACCOUNTS_SCHEMA = StructType(
         StructField("queued", IntegerType(), False),
         StructField("running", IntegerType(), False),
         StructField("rows_in_flight", LongType(), False),
+        StructField("bytes_in_flight", LongType(), False),
         StructField("paused_since", TimestampType(), True),
         StructField("waiting_since", TimestampType(), True),
         StructField("updated_at", TimestampType(), False),
@@ -54,6 +56,7 @@ class AccountRow:
     queued: int
     running: int
     rows_in_flight: int
+    bytes_in_flight: int
     paused_since: datetime | None
     """Since when backpressure has held its new iterations (None: not paused)."""
     waiting_since: datetime | None
