@@ -541,11 +541,15 @@ class JobCatalog:
             if rid in self._rows and rid not in self._staged
         }
 
-    def flush(self) -> int:
-        """Write the rows changed only in memory (after a background flush ends)."""
+    def _await_flush(self) -> None:
+        """Let a background flush end, and take in its result."""
         if self._flushing is not None and self._flushing.thread is not None:
             self._flushing.thread.join()
         self.settle()
+
+    def flush(self) -> int:
+        """Write the rows changed only in memory (after a background flush ends)."""
+        self._await_flush()
         dirty = self._unflushed()
         self.commit(dirty)
         return len(dirty)
@@ -610,6 +614,7 @@ class JobCatalog:
         doomed = [self._rows[rid] for rid in row_ids if rid in self._rows]
         if not doomed:
             return
+        self._await_flush()  # what the table holds, with the flush's rows if it wrote
         remaining = dict(self._durable)
         for row in doomed:
             remaining.pop(row.row_id, None)
