@@ -15,8 +15,9 @@ one of its two methods:
     and ``_commit_timestamp``. The consumer applies them in commit order.
 
 Both return the number of rows written (for the iteration history). The
-DataFrames are cached by the engine and shared with the other consumers of
-the iteration: read them, do not unpersist them.
+engine holds the DataFrames (a snapshot persisted, a change set checkpointed:
+its rows are fixed, whatever reads them) and shares them with the other
+consumers of the iteration: read them, do not unpersist them.
 
 A consumer must
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+MERGE_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,26 @@ class ConsumerContext:
         finally:
             self.spark.conf.unset(TXN_APP_ID)
             self.spark.conf.unset(TXN_VERSION)
+
+    @contextmanager
+    def merging_changes(self) -> Iterator[None]:
+        """For a Delta MERGE inside whose source is made of the change set alone.
+
+        Delta copies a MERGE source it cannot prove fixed before its two passes
+        (a Spark job and a copy of the rows). The change set ``apply_changes``
+        gets is already a checkpoint of fixed rows, so the copy is skipped. A
+        source that reads anything else (another table, a cached DataFrame) must
+        not use this.
+        """
+        before = self.spark.conf.get(MERGE_MATERIALIZE_SOURCE, None)
+        self.spark.conf.set(MERGE_MATERIALIZE_SOURCE, "none")
+        try:
+            yield
+        finally:
+            if before is None:
+                self.spark.conf.unset(MERGE_MATERIALIZE_SOURCE)
+            else:
+                self.spark.conf.set(MERGE_MATERIALIZE_SOURCE, before)
 
 
 class Consumer(ABC):

@@ -94,7 +94,7 @@ class ReplicaConsumer(Consumer):
             .whenMatchedUpdate(set=values)
             .whenNotMatchedInsert(condition=~deleted, values=values)
         )
-        with self.context.idempotent(to_version):
+        with self.context.idempotent(to_version), self.context.merging_changes():
             metrics = merge.execute().first()
         # rows the MERGE inserted, updated or deleted (0 when Delta skipped a replay)
         return 0 if metrics is None else int(metrics["num_affected_rows"])

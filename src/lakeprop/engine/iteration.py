@@ -1,12 +1,12 @@
 """One iteration: read a table's changes once and hand them to every consumer.
 
 A tail iteration reads the Change Data Feed of ``(from, to]`` with the end
-version pinned (an open end would re-resolve "latest" at every action), caches
-it, and gives each member its own slice (changes after that member's
-watermark). A snapshot iteration hands over the table as of ``to``. When the
-range can no longer be read (vacuumed, past log retention, change feed off),
-the iteration becomes a snapshot at the same version: a full resync, recorded
-as such. Missing files are never skipped.
+version pinned (an open end would re-resolve "latest" at every action),
+checkpoints it locally as it counts it, and gives each member its own slice
+(changes after that member's watermark). A snapshot iteration hands over the
+table as of ``to``. When the range can no longer be read (vacuumed, past log
+retention, change feed off), the iteration becomes a snapshot at the same
+version: a full resync, recorded as such. Missing files are never skipped.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from lakeprop.engine.model import (
     MemberResult,
     source_gone,
 )
-from lakeprop.engine.sparkstats import cached_bytes, group_jobs, task_seconds
+from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd, group_jobs, task_seconds
 from lakeprop.errors import ErrorCode, LakepropError
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
@@ -89,7 +89,7 @@ def run_iteration(
 ) -> IterationResult:
     """Run one iteration in the calling (worker) thread with its own session.
 
-    The change set is read once and persisted; up to ``fan_out`` consumers then
+    The change set is read once and held (checkpointed); up to ``fan_out`` consumers then
     read it at once, each in a session of its own (its Delta transaction confs
     stay apart) and in the iteration's job group (threads inherit it), so that
     cancelling the iteration reaches every consumer's Spark jobs. With at most
@@ -125,7 +125,7 @@ def run_iteration(
         _fail_the_rest(result, jobs, source, exc, token)
     finally:
         if data is not None:
-            data.unpersist()
+            _release(data)
         result.canceled = token.cancelled
         result.ended_at = time.time()
         jobs_run = group_jobs(spark, plan.iteration_id)
@@ -194,7 +194,7 @@ def _consume_concurrently(
 
 
 COUNTING_CONFS = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
-"""While the change set is cached and counted per commit version: the count's
+"""While the change set is stored and counted per commit version: the count's
 shuffle carries one row per version, so one reduce task and no adaptive
 re-planning (which runs each stage as a job of its own) suit it at any size."""
 
@@ -242,8 +242,8 @@ def consumer_sessions(spark: SparkSession, count: int) -> list[SparkSession]:
 def _read(
     source: TableHandle, plan: IterationPlan, result: IterationResult, token: CancelToken
 ) -> tuple[DataFrame, dict[int, int]]:
-    """The persisted change set of a tail, with its rows per commit version (one
-    Spark job counts them as it fills the cache), or the table as of
+    """The checkpointed change set of a tail, with its rows per commit version
+    (one Spark job counts them as it stores the blocks), or the table as of
     ``to_version`` for a snapshot (no counts); a tail whose range is no longer
     readable becomes a snapshot (resync)."""
     if plan.kind is IterationKind.TAIL:
@@ -257,7 +257,7 @@ def _read(
             return data, per_version
         except Exception as exc:
             if data is not None:
-                data.unpersist()
+                _release(data)
             if token.cancelled or not _unreadable(exc):
                 raise
             result.kind = IterationKind.SNAPSHOT
@@ -309,7 +309,21 @@ def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:
         .option("startingVersion", plan.from_version + 1)
         .option("endingVersion", plan.to_version)
     )
-    return source.load(reader).persist()
+    # Checkpointed, not cached: the first job on it (the count per version)
+    # stores its blocks and cuts its lineage, so every consumer reads those very
+    # rows and never the feed again, and a MERGE need not copy them once more
+    # to be sure they stay the same (ConsumerContext.merging_changes).
+    return source.load(reader).localCheckpoint(eager=False)
+
+
+def _release(data: DataFrame) -> None:
+    """Free what holding ``data`` took: the blocks of a checkpointed change set,
+    the cache of a persisted snapshot."""
+    rdd = checkpointed_rdd(data)
+    if rdd is None:
+        data.unpersist()
+    else:
+        rdd.unpersist(False)
 
 
 def _consume(

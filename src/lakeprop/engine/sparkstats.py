@@ -2,15 +2,17 @@
 
 Read from the driver's own status store (Spark's ``AppStatusListener``, the
 SparkListener behind the web UI, which keeps each job's group and each stage's
-executor run time) and from the cache manager's statistics of a persisted
-DataFrame. PySpark exposes neither, so both go through the JVM; a Spark whose
-internals differ yields None (the history column stays empty), never a wrong
-figure or a failed iteration.
+executor run time), from the cache manager's statistics of a persisted
+DataFrame and from the block store's of a checkpointed one. PySpark exposes
+none of them, so they go through the JVM; a Spark whose internals differ
+yields None (the history column stays empty), never a wrong figure or a
+failed iteration.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -51,9 +53,15 @@ def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
 
 
 def cached_bytes(spark: SparkSession, data: DataFrame) -> int | None:
-    """Bytes the persisted ``data`` holds in Spark's cache (its columnar batches,
-    as the cache manager counted them while filling it); None when not cached."""
+    """Bytes the held ``data`` takes in Spark's block store: a persisted
+    DataFrame's columnar batches (as the cache manager counted them while
+    filling it), or a locally checkpointed one's blocks, memory and disk; None
+    when it is neither."""
     try:
+        rdd = checkpointed_rdd(data)
+        if rdd is not None:
+            infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+            return sum(int(i.memSize()) + int(i.diskSize()) for i in infos if i.id() == rdd.id())
         cached = spark._jsparkSession.sharedState().cacheManager().lookupCachedData(data._jdf)
         if not cached.isDefined():
             return None
@@ -61,3 +69,12 @@ def cached_bytes(spark: SparkSession, data: DataFrame) -> int | None:
     except Exception as exc:
         log.debug("cached bytes unavailable: %s", exc)
         return None
+
+
+def checkpointed_rdd(data: DataFrame) -> Any | None:
+    """The JVM RDD behind a locally checkpointed DataFrame (its plan is one
+    ``LogicalRDD``), or None for any other DataFrame."""
+    plan = data._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() != "LogicalRDD":
+        return None
+    return plan.rdd()
