@@ -177,7 +177,9 @@ class EngineConfig:
     """An iteration whose change set or snapshot holds at most this many rows runs its
     consumers without adaptive query execution, on the cluster's default parallelism
     of shuffle partitions: adaptive execution runs every shuffle stage as a Spark
-    job of its own, which a small MERGE pays for and never gains from (0: never)."""
+    job of its own, which a small MERGE pays for and never gains from. A replica's
+    MERGE there also reads the checkpointed change set without Delta's copy of
+    its source (0: never)."""
     iteration_timeout: float = 3600.0
     """An iteration running longer is cancelled (its Spark jobs too) and retried."""
     retry_base: float = 5.0

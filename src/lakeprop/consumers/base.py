@@ -80,6 +80,9 @@ class ConsumerContext:
     so a consumer need not look; None means unknown."""
     generation: int = 0
     """The consumer's resync generation (``iteration.consumer.generation``)."""
+    small: bool = False
+    """The iteration read at most ``engine.small_iteration_rows`` rows: its Spark
+    jobs cost more than its rows (see :meth:`merging_changes`)."""
 
     @property
     def txn_app_id(self) -> str:
@@ -118,12 +121,17 @@ class ConsumerContext:
     def merging_changes(self) -> Iterator[None]:
         """For a Delta MERGE inside whose source is made of the change set alone.
 
-        Delta copies a MERGE source it cannot prove fixed before its two passes
-        (a Spark job and a copy of the rows). The change set ``apply_changes``
-        gets is already a checkpoint of fixed rows, so the copy is skipped. A
-        source that reads anything else (another table, a cached DataFrame) must
-        not use this.
+        Delta copies a MERGE source it cannot prove fixed before its two passes.
+        The change set ``apply_changes`` gets is a checkpoint of fixed rows, so
+        in a small iteration the copy is skipped: a Spark job less. In a large
+        one it is kept, as it pays there: the copy holds the source once it is
+        computed (the last change per key, a shuffle), which both passes would
+        otherwise compute again. A source that reads anything else (another
+        table, a cached DataFrame) must not use this.
         """
+        if not self.small:
+            yield
+            return
         before = self.spark.conf.get(MERGE_MATERIALIZE_SOURCE, None)
         self.spark.conf.set(MERGE_MATERIALIZE_SOURCE, "none")
         try:

@@ -94,7 +94,8 @@ def run_iteration(
     stay apart) and in the iteration's job group (threads inherit it), so that
     cancelling the iteration reaches every consumer's Spark jobs. With at most
     ``small_rows`` rows read, the consumers' sessions plan without adaptive
-    execution (:func:`small_confs`).
+    execution (:func:`small_confs`) and a replica's MERGE reads the change set
+    without copying it (:meth:`ConsumerContext.merging_changes`).
     """
     result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
     source = tables.handle(plan.table.database, plan.table.table, spark)
@@ -105,16 +106,18 @@ def run_iteration(
         result.bytes_cached = cached_bytes(spark, data)
         token.cached_bytes = result.bytes_cached or 0
         fault_point("iteration.before_write")
+        small = result.rows_read <= small_rows
         consume = functools.partial(
             _consume,
             kind=result.kind,
             plan=plan,
             data=data,
             per_version=per_version,
+            small=small,
             tables=tables,
             token=token,
         )
-        confs = small_confs(spark) if result.rows_read <= small_rows else {}
+        confs = small_confs(spark) if small else {}
         if fan_out > 1 and len(jobs) > 1:
             _consume_concurrently(spark, jobs, consume, result, fan_out, confs)
         else:
@@ -334,6 +337,7 @@ def _consume(
     plan: IterationPlan,
     data: DataFrame,
     per_version: dict[int, int],
+    small: bool,
     tables: Tables,
     token: CancelToken,
 ) -> MemberResult:
@@ -364,6 +368,7 @@ def _consume(
             if kind is IterationKind.TAIL and job.member.from_version is not None
             else None
         ),
+        small=small,
     )
     try:
         consumer = get_consumer_type(consumer_info.type).factory(context)
