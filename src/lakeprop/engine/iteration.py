@@ -89,10 +89,11 @@ def run_iteration(
 ) -> IterationResult:
     """Run one iteration in the calling (worker) thread with its own session.
 
-    The change set is read once and held (checkpointed); up to ``fan_out`` consumers then
-    read it at once, each in a session of its own (its Delta transaction confs
-    stay apart) and in the iteration's job group (threads inherit it), so that
-    cancelling the iteration reaches every consumer's Spark jobs. With at most
+    The change set is read once and held (checkpointed); up to ``fan_out``
+    consumers then read it at once, each in a session of its own (its Delta
+    transaction confs stay apart) and in the iteration's job group (threads
+    inherit it), so that cancelling the iteration reaches every consumer's
+    Spark jobs. With at most
     ``small_rows`` rows read, the consumers' sessions plan without adaptive
     execution (:func:`small_confs`) and a replica's MERGE reads the change set
     without copying it (:meth:`ConsumerContext.merging_changes`).
@@ -322,7 +323,11 @@ def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:
 def _release(data: DataFrame) -> None:
     """Free what holding ``data`` took: the blocks of a checkpointed change set,
     the cache of a persisted snapshot."""
-    rdd = checkpointed_rdd(data)
+    try:
+        rdd = checkpointed_rdd(data)
+    except Exception as exc:  # no JVM plan to look at: unpersist is all there is
+        log.debug("checkpoint of the change set not found: %s", exc)
+        rdd = None
     if rdd is None:
         data.unpersist()
     else:

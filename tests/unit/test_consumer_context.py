@@ -1,0 +1,76 @@
+"""The session confs a consumer's context sets around its Delta writes, without Spark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lakeprop.consumers.base import MERGE_MATERIALIZE_SOURCE, TXN_APP_ID, ConsumerContext
+from lakeprop.spec import JobKey
+
+
+class Conf:
+    """The three calls of ``spark.conf`` the context makes, over a dict."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class Session:
+    def __init__(self, values: dict[str, str] | None = None) -> None:
+        self.conf = Conf(values or {})
+
+
+def context(session: Session, small: bool) -> ConsumerContext:
+    return ConsumerContext(
+        spark=session,  # type: ignore[arg-type]
+        key=JobKey(1, "shop", "orders", "copy"),
+        job_id=7,
+        consumer_type="replica",
+        options={"primary_key": ["id"]},
+        source_columns=("id",),
+        locate=lambda d, t: None,  # type: ignore[arg-type, return-value]
+        cancelled=lambda: False,
+        small=small,
+    )
+
+
+def test_a_small_iterations_merge_skips_the_source_copy_and_the_conf_comes_back() -> None:
+    session = Session()
+    seen: list[dict[str, Any]] = []
+    with context(session, small=True).merging_changes():
+        seen.append(dict(session.conf.values))
+    assert seen == [{MERGE_MATERIALIZE_SOURCE: "none"}]
+    assert session.conf.values == {}
+
+    configured = Session({MERGE_MATERIALIZE_SOURCE: "all"})  # whatever the operator chose
+    with context(configured, small=True).merging_changes():
+        assert configured.conf.values == {MERGE_MATERIALIZE_SOURCE: "none"}
+    assert configured.conf.values == {MERGE_MATERIALIZE_SOURCE: "all"}
+
+
+def test_a_large_iterations_merge_keeps_deltas_copy() -> None:
+    session = Session({MERGE_MATERIALIZE_SOURCE: "auto"})
+    ctx = context(session, small=False)
+    with ctx.idempotent(3), ctx.merging_changes():
+        assert session.conf.values[MERGE_MATERIALIZE_SOURCE] == "auto"
+        assert session.conf.values[TXN_APP_ID] == ctx.txn_app_id
+    assert session.conf.values == {MERGE_MATERIALIZE_SOURCE: "auto"}
+
+
+def test_the_conf_comes_back_when_the_merge_fails() -> None:
+    session = Session()
+    try:
+        with context(session, small=True).merging_changes():
+            raise RuntimeError("the MERGE failed")
+    except RuntimeError:
+        pass
+    assert session.conf.values == {}
