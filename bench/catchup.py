@@ -69,7 +69,14 @@ def run(
         tail = IterationPlan(table, IterationKind.TAIL, 3, (tail_member.member,), 0, time.time())
         spark.sparkContext.setJobGroup(tail.iteration_id, "catch-up")  # as a worker does
         with stopwatch() as elapsed:
-            result = run_iteration(spark, tail, [tail_member], tables, CancelToken())
+            result = run_iteration(
+                spark,
+                tail,
+                [tail_member],
+                tables,
+                CancelToken(),
+                small_rows=config.engine.small_iteration_rows,  # as the service passes it
+            )
         assert result.outcome == "success", result.members
         ours.append(elapsed[0])
         ours_ok &= same_rows(
