@@ -1,7 +1,9 @@
-"""The session confs a consumer's context sets around its Delta writes, without Spark."""
+"""A consumer's context without Spark: its Delta transaction id and the session
+confs it sets around its Delta writes."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from lakeprop.consumers.base import MERGE_MATERIALIZE_SOURCE, TXN_APP_ID, ConsumerContext
@@ -29,7 +31,7 @@ class Session:
         self.conf = Conf(values or {})
 
 
-def context(session: Session, small: bool) -> ConsumerContext:
+def context(session: Session, small: bool = False, generation: int = 0) -> ConsumerContext:
     return ConsumerContext(
         spark=session,  # type: ignore[arg-type]
         key=JobKey(1, "shop", "orders", "copy"),
@@ -39,8 +41,16 @@ def context(session: Session, small: bool) -> ConsumerContext:
         source_columns=("id",),
         locate=lambda d, t: None,  # type: ignore[arg-type, return-value]
         cancelled=lambda: False,
+        generation=generation,
         small=small,
     )
+
+
+def test_a_new_generation_writes_under_a_new_delta_transaction_id() -> None:
+    """Else Delta would skip the resync's snapshot as a write already done."""
+    digest = hashlib.sha256(b'["replica", {"primary_key": ["id"]}]').hexdigest()[:12]
+    assert context(Session()).txn_app_id == f"lakeprop-7-{digest}"  # as before generations
+    assert len({context(Session(), generation=g).txn_app_id for g in (0, 1, 2)}) == 3
 
 
 def test_a_small_iterations_merge_skips_the_source_copy_and_the_conf_comes_back() -> None:

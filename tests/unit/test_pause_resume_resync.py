@@ -95,28 +95,3 @@ def test_a_job_paused_while_its_iteration_ran_keeps_its_progress_and_stays_pause
     result.members.append(MemberResult(row.row_id, row.job_id, "replica"))
     (after,) = advance({row.row_id: row}, [result], {}, 1.0, retry_base=1, retry_cap=2).values()
     assert (after.job_state, after.watermark) == (JobState.PAUSED, 6)
-
-
-def test_a_new_generation_writes_under_a_new_delta_transaction_id() -> None:
-    """Else Delta would skip the resync's snapshot as a write already done."""
-    from lakeprop.consumers.base import ConsumerContext
-
-    def context(generation: int) -> ConsumerContext:
-        return ConsumerContext(
-            spark=None,  # type: ignore[arg-type]
-            key=KEY,
-            job_id=7,
-            consumer_type="replica",
-            options={"primary_key": ["id"]},
-            source_columns=("id",),
-            locate=lambda d, t: None,  # type: ignore[arg-type, return-value]
-            cancelled=lambda: False,
-            generation=generation,
-        )
-
-    assert (
-        context(0).txn_app_id
-        == "lakeprop-7-"
-        + __import__("hashlib").sha256(b'["replica", {"primary_key": ["id"]}]').hexdigest()[:12]
-    )  # as before generations existed
-    assert len({context(g).txn_app_id for g in (0, 1, 2)}) == 3
