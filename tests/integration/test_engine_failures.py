@@ -160,7 +160,9 @@ def test_a_timeout_really_cancels_the_running_iteration_and_unregister_stops_the
         assert "timed out after 3s" in first["error_msg"]
         assert job_row(spark, config, key)["job_state"] in ("pending", "running")
 
-        client.unregister_job(key)
+        # applied before anything is checked: until then a retry of the timed-out
+        # iteration may still start (the job is in its backoff, nothing in flight)
+        client.wait_for_outcome(client.unregister_job(key))
 
         def nothing_in_flight() -> None:
             assert app.scheduler is not None and app.scheduler.in_flight() == set()
