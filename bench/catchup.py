@@ -1,18 +1,20 @@
-"""Catch-up: one replica applying N changed rows, versus a plain MERGE of the same rows.
+"""Catch-up: R replicas applying N changed rows, versus plain MERGEs of the same rows.
 
 The source gets N rows in one commit, then N/2 of them updated and N/10 deleted
-in a second. lakeprop runs a real tail iteration of a ``replica`` job over both
-versions (the change feed read once and persisted, the last change per key,
-one MERGE); the baseline is the same work written by hand: a batch read of the
-change feed, the last change per key, one MERGE. Each side runs ``repeats``
-times on fresh targets, alternating; the figure is the median. The check:
-both replicas equal the source.
+in a second. lakeprop runs a real tail iteration of R ``replica`` jobs over
+both versions (the change feed read once and checkpointed, the last change per
+key, one MERGE per replica, up to R at once); the baseline is the same work
+written by hand: per replica, a batch read of the change feed, the last change
+per key, one MERGE, the R of them on R threads at once. Each side runs
+``repeats`` times on fresh targets, alternating; the figure is the median.
+The check: every replica of both sides equals the source.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -38,6 +40,7 @@ def run(
     bootstrap_servers: str,
     rows: int = 200_000,
     repeats: int = 3,
+    replicas: int = 1,
 ) -> Result:
     config = app_config(workdir, bootstrap_servers)
     tables = Tables(spark, config.tables)
@@ -56,38 +59,49 @@ def run(
     ours: list[float] = []
     theirs: list[float] = []
     ours_ok = theirs_ok = True
+    spec = JobSpec.from_json(
+        {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
+    )
+    table = TableRef(1, "db", "src")
     for rep in range(repeats):
-        key = JobKey(1, "db", "src", f"copy{rep}")
-        spec = JobSpec.from_json(
-            {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
+        names = [f"copy{rep}_{r}" for r in range(replicas)]
+        members = []
+        for r, name in enumerate(names):
+            key, job_id = JobKey(1, "db", "src", name), rep * replicas + r + 1
+            member = MemberJob(Member((key, job_id), job_id, None), key, spec)
+            snapshot = IterationPlan(
+                table, IterationKind.SNAPSHOT, 0, (member.member,), 0, time.time()
+            )
+            synced = run_iteration(spark, snapshot, [member], tables, CancelToken())
+            assert synced.outcome == "success", synced.members
+            members.append(MemberJob(Member((key, job_id), job_id, 0), key, spec))
+        tail = IterationPlan(
+            table, IterationKind.TAIL, 3, tuple(m.member for m in members), 0, time.time()
         )
-        member = MemberJob(Member((key, rep + 1), rep + 1, None), key, spec)
-        table = TableRef(1, "db", "src")
-        snapshot = IterationPlan(table, IterationKind.SNAPSHOT, 0, (member.member,), 0, time.time())
-        assert run_iteration(spark, snapshot, [member], tables, CancelToken()).outcome == "success"
-        tail_member = MemberJob(Member((key, rep + 1), rep + 1, 0), key, spec)
-        tail = IterationPlan(table, IterationKind.TAIL, 3, (tail_member.member,), 0, time.time())
         spark.sparkContext.setJobGroup(tail.iteration_id, "catch-up")  # as a worker does
         with stopwatch() as elapsed:
             result = run_iteration(
                 spark,
                 tail,
-                [tail_member],
+                members,
                 tables,
                 CancelToken(),
+                fan_out=replicas,
                 small_rows=config.engine.small_iteration_rows,  # as the service passes it
             )
         assert result.outcome == "success", result.members
         ours.append(elapsed[0])
-        ours_ok &= same_rows(
-            spark.read.format("delta").load(tables.path_for("db", f"src_copy{rep}")), source
-        )
+        for name in names:
+            ours_ok &= same_rows(
+                spark.read.format("delta").load(tables.path_for("db", f"src_{name}")), source
+            )
 
-        target = f"{workdir}/diy/copy{rep}"
-        spark.read.format("delta").option("versionAsOf", 0).load(path).write.format("delta").save(
-            target
-        )
-        with stopwatch() as elapsed:
+        targets = [f"{workdir}/diy/{name}" for name in names]
+        empty = spark.read.format("delta").option("versionAsOf", 0).load(path)
+        for target in targets:
+            empty.write.format("delta").save(target)
+
+        def merge(target: str) -> None:
             changes = (
                 spark.read.format("delta")
                 .option("readChangeFeed", "true")
@@ -96,12 +110,21 @@ def run(
                 .load(path)
             )
             diy_merge(spark, target, changes, "id")
+
+        with stopwatch() as elapsed, ThreadPoolExecutor(replicas) as pool:
+            list(pool.map(merge, targets))
         theirs.append(elapsed[0])
-        theirs_ok &= same_rows(spark.read.format("delta").load(target), source)
+        for target in targets:
+            theirs_ok &= same_rows(spark.read.format("delta").load(target), source)
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     return Result(
         "catch-up",
-        {"rows": rows, "change_rows": rows + rows // 2 + rows // 10, "repeats": repeats},
+        {
+            "rows": rows,
+            "change_rows": rows + rows // 2 + rows // 10,
+            "replicas": replicas,
+            "repeats": repeats,
+        },
         {
             "lakeprop_s": ours_s,
             "plain_merge_s": theirs_s,

@@ -29,7 +29,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scale": {"jobs": 50, "ticks": 3, "notifications": 1},
         "registration": {"jobs": 50},
         "fanout": {"k": 2, "rows": 50, "commits": 1, "changes": 10},
-        "catchup": {"rows": 1000, "repeats": 1},
+        "catchup": {"rows": 1000, "repeats": 1, "replicas": 2},
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
         "fairness": {"backlog": 3},
     },

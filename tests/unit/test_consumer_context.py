@@ -1,9 +1,10 @@
-"""A consumer's context without Spark: its Delta transaction id and the session
-confs it sets around its Delta writes."""
+"""A consumer's context without Spark: its Delta transaction id, the session
+confs it sets around its Delta writes, and where its last changes per key come from."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lakeprop.consumers.base import MERGE_MATERIALIZE_SOURCE, TXN_APP_ID, ConsumerContext
@@ -31,7 +32,12 @@ class Session:
         self.conf = Conf(values or {})
 
 
-def context(session: Session, small: bool = False, generation: int = 0) -> ConsumerContext:
+def context(
+    session: Session,
+    small: bool = False,
+    generation: int = 0,
+    held: Callable[[Sequence[str]], Any] | None = None,
+) -> ConsumerContext:
     return ConsumerContext(
         spark=session,  # type: ignore[arg-type]
         key=JobKey(1, "shop", "orders", "copy"),
@@ -43,6 +49,7 @@ def context(session: Session, small: bool = False, generation: int = 0) -> Consu
         cancelled=lambda: False,
         generation=generation,
         small=small,
+        held_latest=held,
     )
 
 
@@ -73,6 +80,22 @@ def test_a_large_iterations_merge_keeps_deltas_copy() -> None:
     with ctx.idempotent(3), ctx.merging_changes():
         assert session.conf.values[MERGE_MATERIALIZE_SOURCE] == "auto"
         assert session.conf.values[TXN_APP_ID] == ctx.txn_app_id
+    assert session.conf.values == {MERGE_MATERIALIZE_SOURCE: "auto"}
+
+
+def test_a_large_iterations_merge_reads_the_engines_held_changes_without_a_copy() -> None:
+    asked: list[Sequence[str]] = []
+
+    def held(key: Sequence[str]) -> str:
+        asked.append(key)
+        return "the held rows"
+
+    session = Session({MERGE_MATERIALIZE_SOURCE: "auto"})
+    ctx = context(session, small=False, held=held)
+    assert ctx.latest_changes(None, ["id"]) == "the held rows"  # type: ignore[arg-type]
+    assert asked == [["id"]]
+    with ctx.merging_changes():  # the held rows are fixed: Delta need not copy them
+        assert session.conf.values[MERGE_MATERIALIZE_SOURCE] == "none"
     assert session.conf.values == {MERGE_MATERIALIZE_SOURCE: "auto"}
 
 

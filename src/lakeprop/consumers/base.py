@@ -41,13 +41,14 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from lakeprop.consumers.changes import latest_change_per_key
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import JobKey, target_table
 from lakeprop.tables.probe import DeltaLogProbe
@@ -83,6 +84,10 @@ class ConsumerContext:
     small: bool = False
     """The iteration read at most ``engine.small_iteration_rows`` rows: its Spark
     jobs cost more than its rows (see :meth:`merging_changes`)."""
+    held_latest: Callable[[Sequence[str]], DataFrame] | None = None
+    """The engine's last change per key of this member's change set, computed
+    once for every consumer of the iteration with the same key and start and
+    held (checkpointed); None where nothing holds it (:meth:`latest_changes`)."""
 
     @property
     def txn_app_id(self) -> str:
@@ -117,19 +122,35 @@ class ConsumerContext:
             self.spark.conf.unset(TXN_APP_ID)
             self.spark.conf.unset(TXN_VERSION)
 
+    def latest_changes(self, changes: DataFrame, key: Sequence[str]) -> DataFrame:
+        """The last change of every key in ``changes``, the change set handed to
+        ``apply_changes`` (:func:`~lakeprop.consumers.changes.latest_change_per_key`).
+
+        In a large iteration the engine computes it once for all the consumers
+        with this key and holds it (checkpointed), so K replicas of a table pay
+        for one shuffle, not K, and a MERGE reading it need not copy it first
+        (:meth:`merging_changes`). In a small one, or with no engine behind the
+        context, it is computed here, as part of the query that reads it.
+        """
+        if self.held_latest is None or self.small:
+            return latest_change_per_key(changes, list(key))
+        return self.held_latest(key)
+
     @contextmanager
     def merging_changes(self) -> Iterator[None]:
-        """For a Delta MERGE inside whose source is made of the change set alone.
+        """For a Delta MERGE inside whose source is :meth:`latest_changes` (or
+        made of the change set alone, with nothing else read).
 
         Delta copies a MERGE source it cannot prove fixed before its two passes.
-        The change set ``apply_changes`` gets is a checkpoint of fixed rows, so
-        in a small iteration the copy is skipped: a Spark job less. In a large
-        one it is kept, as it pays there: the copy holds the source once it is
-        computed (the last change per key, a shuffle), which both passes would
-        otherwise compute again. A source that reads anything else (another
-        table, a cached DataFrame) must not use this.
+        Here the source is fixed: held by the engine in a large iteration (so
+        the copy would only store the same rows twice), and in a small one the
+        checkpointed change set itself, read twice (a Spark job less than the
+        copy). Only with no engine holding it and a large change set is the copy
+        kept, because there it pays: it holds the last change per key once
+        computed, which both passes would otherwise compute again. A source that
+        reads anything else (another table, a cached DataFrame) must not use this.
         """
-        if not self.small:
+        if not self.small and self.held_latest is None:
             yield
             return
         before = self.spark.conf.get(MERGE_MATERIALIZE_SOURCE, None)

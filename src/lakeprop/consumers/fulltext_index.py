@@ -38,7 +38,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType
 
 from lakeprop.consumers.base import Consumer, ConsumerContext
-from lakeprop.consumers.changes import latest_change_per_key
 from lakeprop.consumers.options import (
     TARGET_OPTIONS,
     identifier_list,
@@ -282,7 +281,7 @@ class FulltextIndexConsumer(Consumer):
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         target = self.require_target()
-        latest = latest_change_per_key(changes, self.key)
+        latest = self.context.latest_changes(changes, self.key)
         fresh = postings(
             latest.where(F.col("_change_type") != "delete"), self.key, self.columns, self.tokenizer
         )

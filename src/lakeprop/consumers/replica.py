@@ -23,7 +23,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lakeprop.consumers.base import Consumer, ConsumerContext
-from lakeprop.consumers.changes import latest_change_per_key
 from lakeprop.consumers.options import (
     TARGET_OPTIONS,
     identifier_list,
@@ -82,7 +81,9 @@ class ReplicaConsumer(Consumer):
         rows = self.context.change_rows
         if rows == 0 or (rows is None and changes.isEmpty()):
             return 0
-        latest = latest_change_per_key(changes, self.key).select(*self.columns, "_change_type")
+        latest = self.context.latest_changes(changes, self.key).select(
+            *self.columns, "_change_type"
+        )
         on = reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in self.key])
         values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in self.columns}
         deleted = F.col("s._change_type") == "delete"

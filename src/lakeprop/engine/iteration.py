@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.consumers.base import ConsumerContext
+from lakeprop.consumers.changes import latest_change_per_key
 from lakeprop.engine.model import (
     CancelToken,
     IterationKind,
@@ -101,6 +102,7 @@ def run_iteration(
     result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
     source = tables.handle(plan.table.database, plan.table.table, spark)
     data: DataFrame | None = None
+    held: HeldLatest | None = None
     try:
         with session_confs(spark, COUNTING_CONFS):
             data, per_version = _read(source, plan, result, token)
@@ -108,6 +110,7 @@ def run_iteration(
         token.cached_bytes = result.bytes_cached or 0
         fault_point("iteration.before_write")
         small = result.rows_read <= small_rows
+        held = HeldLatest(data) if result.kind is IterationKind.TAIL and not small else None
         consume = functools.partial(
             _consume,
             kind=result.kind,
@@ -115,6 +118,7 @@ def run_iteration(
             data=data,
             per_version=per_version,
             small=small,
+            held=held,
             tables=tables,
             token=token,
         )
@@ -128,6 +132,8 @@ def run_iteration(
     except Exception as exc:
         _fail_the_rest(result, jobs, source, exc, token)
     finally:
+        if held is not None:
+            result.bytes_cached = (result.bytes_cached or 0) + held.release(spark)
         if data is not None:
             _release(data)
         result.canceled = token.cancelled
@@ -320,6 +326,39 @@ def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:
     return source.load(reader).localCheckpoint(eager=False)
 
 
+class HeldLatest:
+    """The last change per key of a tail's change set, for the consumers that ask
+    (:meth:`ConsumerContext.latest_changes`): computed once per key and start
+    version, whichever consumer asks first (the others with the same ones wait
+    for it), and held as a checkpoint until the iteration releases it."""
+
+    def __init__(self, data: DataFrame) -> None:
+        self.data = data
+        self._lock = threading.Lock()
+        self._computing: dict[tuple[tuple[str, ...], int], threading.Lock] = {}
+        self._held: dict[tuple[tuple[str, ...], int], DataFrame] = {}
+
+    def after(self, start: int, key: Sequence[str]) -> DataFrame:
+        """The last change per ``key`` among the changes after version ``start``."""
+        slot = (tuple(key), start)
+        with self._lock:
+            computing = self._computing.setdefault(slot, threading.Lock())
+        with computing:
+            if slot not in self._held:
+                changes = self.data.where(F.col("_commit_version") > start)
+                self._held[slot] = latest_change_per_key(changes, list(key)).localCheckpoint()
+            return self._held[slot]
+
+    def release(self, spark: SparkSession) -> int:
+        """Free what is held; the bytes it took in the block store."""
+        taken = 0
+        for held in self._held.values():
+            taken += cached_bytes(spark, held) or 0
+            _release(held)
+        self._held.clear()
+        return taken
+
+
 def _release(data: DataFrame) -> None:
     """Free what holding ``data`` took: the blocks of a checkpointed change set,
     the cache of a persisted snapshot."""
@@ -343,6 +382,7 @@ def _consume(
     data: DataFrame,
     per_version: dict[int, int],
     small: bool,
+    held: HeldLatest | None,
     tables: Tables,
     token: CancelToken,
 ) -> MemberResult:
@@ -374,6 +414,11 @@ def _consume(
             else None
         ),
         small=small,
+        held_latest=(
+            functools.partial(held.after, job.member.from_version)
+            if held is not None and job.member.from_version is not None
+            else None
+        ),
     )
     try:
         consumer = get_consumer_type(consumer_info.type).factory(context)

@@ -1,0 +1,114 @@
+"""One large tail iteration, run as a worker runs it: consumers of the same key
+and start share one held last change per key, and every target comes out right."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop.config import AppConfig
+from lakeprop.engine import iteration
+from lakeprop.engine.iteration import run_iteration
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationKind,
+    IterationPlan,
+    Member,
+    MemberJob,
+    TableRef,
+)
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.tables.resolve import Tables
+from tests.integration.helpers import SOURCE_SCHEMA, cdf_source
+from tests.integration.test_fulltext import expected_index
+
+pytestmark = pytest.mark.integration
+
+TABLE = TableRef(1, "shop", "orders")
+CONSUMERS: dict[str, dict[str, Any]] = {
+    "copy": {"type": "replica", "options": {"primary_key": ["id"]}},
+    "names": {"type": "replica", "options": {"primary_key": ["id"], "columns": ["id", "name"]}},
+    "by_name": {"type": "secondary_index", "options": {"columns": ["name"], "primary_key": ["id"]}},
+    "words": {"type": "fulltext_index", "options": {"columns": ["name"], "primary_key": ["id"]}},
+    "late": {"type": "replica", "options": {"primary_key": ["id"]}},
+}
+
+
+def member(name: str, number: int, start: int | None) -> MemberJob:
+    key = JobKey(1, "shop", "orders", name)
+    spec = JobSpec.from_json({"iteration": {"consumer": CONSUMERS[name]}})
+    return MemberJob(Member((key, number), number, start), key, spec)
+
+
+def run(
+    spark: SparkSession, tables: Tables, kind: IterationKind, to: int, jobs: Sequence[MemberJob]
+):  # type: ignore[no-untyped-def]
+    plan = IterationPlan(TABLE, kind, to, tuple(j.member for j in jobs), 0, time.time())
+    spark.sparkContext.setJobGroup(plan.iteration_id, "test")  # as a worker does
+    # small_rows=0: however few its rows, the iteration takes the large path
+    result = run_iteration(spark, plan, jobs, tables, CancelToken(), fan_out=3, small_rows=0)
+    assert result.outcome == "success", result.members
+    return result
+
+
+def test_consumers_of_one_key_and_start_share_one_held_last_change_per_key(
+    spark: SparkSession, app_config: AppConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "shop", "orders")
+    source = DeltaTable.forPath(spark, path)
+    rows = [(i, f"w{i % 7} w{i % 3}", float(i)) for i in range(60)]
+    spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+    early = ["copy", "names", "by_name", "words"]
+    numbers = {name: n for n, name in enumerate(CONSUMERS, start=1)}
+    run(spark, tables, IterationKind.SNAPSHOT, 1, [member(n, numbers[n], None) for n in early])
+    source.update(F.col("id") % 4 == 0, {"name": F.lit("w9 w1"), "amount": F.col("amount") + 1})
+    run(spark, tables, IterationKind.SNAPSHOT, 2, [member("late", numbers["late"], None)])
+    source.delete(F.col("id") % 5 == 0)  # version 3
+    spark.createDataFrame([(100, "w9 new", 1.0), (20, "w8 back", 2.0)], SOURCE_SCHEMA).write.format(
+        "delta"
+    ).mode("append").save(path)  # version 4: 20 was updated, then deleted: it comes back
+
+    computed: list[tuple[str, ...]] = []
+    latest = iteration.latest_change_per_key
+
+    def recorded(changes: DataFrame, key: list[str]) -> DataFrame:
+        computed.append(tuple(key))
+        return latest(changes, key)
+
+    monkeypatch.setattr(iteration, "latest_change_per_key", recorded)
+    tail = [member(n, numbers[n], 1) for n in early] + [member("late", numbers["late"], 2)]
+    result = run(spark, tables, IterationKind.TAIL, 4, tail)
+
+    # once for the four jobs at version 1, once for the one at version 2
+    assert computed == [("id",), ("id",)]
+    assert result.bytes_cached is not None and result.bytes_cached > 0
+    now = spark.read.format("delta").option("versionAsOf", 4).load(path)
+
+    def target(name: str) -> DataFrame:
+        return tables.handle("shop", f"orders_{name}", spark).delta().toDF()
+
+    for name, columns in {
+        "copy": now.columns,
+        "late": now.columns,
+        "names": ["id", "name"],
+    }.items():
+        assert_df_equality(
+            target(name).select(*columns), now.select(*columns), ignore_row_order=True
+        )
+    assert_df_equality(
+        target("by_name").select("name", "id"), now.select("name", "id"), ignore_row_order=True
+    )
+    assert_df_equality(
+        target("words").select("term", "id", "field", "tf", "positions"),
+        expected_index(spark, now, {"columns": ["name"], "tokenizer": None}),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
