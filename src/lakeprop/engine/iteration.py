@@ -110,7 +110,7 @@ def run_iteration(
         token.cached_bytes = result.bytes_cached or 0
         fault_point("iteration.before_write")
         small = result.rows_read <= small_rows
-        held = HeldLatest(data) if result.kind is IterationKind.TAIL and not small else None
+        held = HeldLatest(data, token) if result.kind is IterationKind.TAIL and not small else None
         consume = functools.partial(
             _consume,
             kind=result.kind,
@@ -332,8 +332,9 @@ class HeldLatest:
     version, whichever consumer asks first (the others with the same ones wait
     for it), and held as a checkpoint until the iteration releases it."""
 
-    def __init__(self, data: DataFrame) -> None:
+    def __init__(self, data: DataFrame, token: CancelToken) -> None:
         self.data = data
+        self.token = token
         self._lock = threading.Lock()
         self._computing: dict[tuple[tuple[str, ...], int], threading.Lock] = {}
         self._held: dict[tuple[tuple[str, ...], int], DataFrame] = {}
@@ -345,6 +346,8 @@ class HeldLatest:
             computing = self._computing.setdefault(slot, threading.Lock())
         with computing:
             if slot not in self._held:
+                if self.token.cancelled:  # the one computing it was cancelled: no retry
+                    raise LakepropError(self.token.reason, self.token.code)
                 changes = self.data.where(F.col("_commit_version") > start)
                 self._held[slot] = latest_change_per_key(changes, list(key)).localCheckpoint()
             return self._held[slot]
