@@ -20,6 +20,7 @@ from lakeprop.engine.model import (
     CancelToken,
     IterationKind,
     IterationPlan,
+    IterationResult,
     Member,
     MemberJob,
     TableRef,
@@ -49,7 +50,7 @@ def member(name: str, number: int, start: int | None) -> MemberJob:
 
 def run(
     spark: SparkSession, tables: Tables, kind: IterationKind, to: int, jobs: Sequence[MemberJob]
-):  # type: ignore[no-untyped-def]
+) -> IterationResult:
     plan = IterationPlan(TABLE, kind, to, tuple(j.member for j in jobs), 0, time.time())
     spark.sparkContext.setJobGroup(plan.iteration_id, "test")  # as a worker does
     # small_rows=0: however few its rows, the iteration takes the large path

@@ -126,13 +126,14 @@ class ConsumerContext:
         """The last change of every key in ``changes``, the change set handed to
         ``apply_changes`` (:func:`~lakeprop.consumers.changes.latest_change_per_key`).
 
-        In a large iteration the engine computes it once for all the consumers
-        with this key and holds it (checkpointed), so K replicas of a table pay
+        Where the engine holds it (a large iteration) it was computed once for
+        all the consumers with this key and start, so K replicas of a table pay
         for one shuffle, not K, and a MERGE reading it need not copy it first
-        (:meth:`merging_changes`). In a small one, or with no engine behind the
-        context, it is computed here, as part of the query that reads it.
+        (:meth:`merging_changes`). Otherwise (a small iteration, no engine
+        behind the context) it is computed here, as part of the query that
+        reads it.
         """
-        if self.held_latest is None or self.small:
+        if self.held_latest is None:
             return latest_change_per_key(changes, list(key))
         return self.held_latest(key)
 

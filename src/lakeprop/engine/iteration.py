@@ -3,7 +3,9 @@
 A tail iteration reads the Change Data Feed of ``(from, to]`` with the end
 version pinned (an open end would re-resolve "latest" at every action),
 checkpoints it locally as it counts it, and gives each member its own slice
-(changes after that member's watermark). A snapshot iteration hands over the
+(changes after that member's watermark). In a large tail the last change
+per key is computed once per key and start for the consumers that ask, and
+held likewise (:class:`HeldLatest`). A snapshot iteration hands over the
 table as of ``to``. When the range can no longer be read (vacuumed, past log
 retention, change feed off), the iteration becomes a snapshot at the same
 version: a full resync, recorded as such. Missing files are never skipped.
