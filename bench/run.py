@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import catchup, fairness, fanout, latency, registration, scale  # noqa: E402
+from bench import catchup, fairness, fanout, latency, recent, registration, scale  # noqa: E402
 from bench.common import Result  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
 from tests.support.spark import local_session  # noqa: E402
@@ -30,6 +30,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "registration": {"jobs": 50},
         "fanout": {"k": 2, "rows": 50, "commits": 1, "changes": 10},
         "catchup": {"rows": 1000, "repeats": 1, "replicas": 2},
+        "recent": {"rows": 4000, "files": 4, "changes": 100, "repeats": 1},
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
         "fairness": {"backlog": 3},
     },
@@ -38,6 +39,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "registration": {"jobs": 1000},
         "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
         "catchup": {"rows": 200_000, "repeats": 3},
+        "recent": {"rows": 2_000_000, "files": 40, "changes": 1000, "repeats": 3},
         "latency": {"tick": 1, "commits": 20, "gap_ms": 2000},
         "fairness": {"backlog": 200},
     },
@@ -46,6 +48,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "registration": {"jobs": 10_000},
         "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
         "catchup": {"rows": 1_000_000, "repeats": 3},
+        "recent": {"rows": 10_000_000, "files": 100, "changes": 1000, "repeats": 3},
         "latency": {"tick": 5, "commits": 20, "gap_ms": 2000},
         "fairness": {"backlog": 200},
     },
@@ -56,6 +59,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "registration": registration.run,
     "fanout": fanout.run,
     "catchup": catchup.run,
+    "recent": recent.run,
     "latency": latency.run,
     "fairness": fairness.run,
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -48,6 +48,10 @@ class ConsumerType:
     """Source columns the (validated) options need; [] means no constraint."""
     factory: Callable[..., Any]
     """Builds the consumer of one job for one iteration from its ConsumerContext."""
+    key_columns: Callable[[Mapping[str, Any]], list[str]] = field(default=lambda options: [])
+    """Source columns the consumer matches its target on, by equality and under
+    the same names; the engine bounds them by the change set (see
+    :meth:`~lakeprop.consumers.base.ConsumerContext.in_change_range`)."""
 
 
 _REGISTRY: dict[str, ConsumerType] = {}
@@ -128,6 +132,7 @@ def _as_consumer_type(name: str, target: object) -> ConsumerType:
             validate_options=consumer.validate_options,
             source_columns=consumer.source_columns,
             factory=consumer,
+            key_columns=consumer.key_columns,
         )
     raise UnknownConsumerError(
         f"consumer {name!r} names {target!r}, which is neither a Consumer subclass "

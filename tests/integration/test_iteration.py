@@ -113,3 +113,66 @@ def test_consumers_of_one_key_and_start_share_one_held_last_change_per_key(
         ignore_row_order=True,
         ignore_nullable=True,
     )
+
+
+def rows_read_per_stage(spark: SparkSession, group: str) -> list[int]:
+    """Rows each stage of the jobs of ``group`` read from files and blocks so far."""
+    context = spark.sparkContext
+    context._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+    store = context._jsc.sc().statusStore()
+    tracker = context.statusTracker()
+    stages = {s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds}
+    return [int(store.lastStageAttempt(s).inputRecords()) for s in sorted(stages)]
+
+
+def test_a_tail_of_recent_keys_reads_only_the_target_files_that_hold_them(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "shop", "orders")
+    spark.range(4000).select(
+        F.col("id").cast("int").alias("id"),
+        F.concat(F.lit("w"), (F.col("id") % 50).cast("string")).alias("name"),
+        F.col("id").cast("double").alias("amount"),
+    ).write.format("delta").mode("append").save(path)  # version 1
+    names = ["copy", "by_name", "words"]
+    first = [member(name, n, None) for n, name in enumerate(names, start=1)]
+    run(spark, tables, IterationKind.SNAPSHOT, 1, first)
+    for name in names:  # each target in 8 files of about 500 keys, as appends by key leave it
+        target = tables.handle("shop", f"orders_{name}", spark).location()
+        laid_out = spark.read.format("delta").load(target).repartitionByRange(8, "id")
+        laid_out.localCheckpoint().write.format("delta").mode("overwrite").save(target)
+    source = DeltaTable.forPath(spark, path)
+    source.update(F.col("id") >= 3950, {"name": F.lit("w7 fresh")})  # version 2
+    source.delete(F.col("id") >= 3990)  # version 3
+    spark.createDataFrame(
+        [(i, f"w{i % 3} new", 1.0) for i in range(4000, 4020)], SOURCE_SCHEMA
+    ).write.format("delta").mode("append").save(path)  # version 4
+
+    tail = [member(name, n, 1) for n, name in enumerate(names, start=1)]
+    plan = IterationPlan(
+        TABLE, IterationKind.TAIL, 4, tuple(j.member for j in tail), 0, time.time()
+    )
+    spark.sparkContext.setJobGroup(plan.iteration_id, "test")
+    result = run_iteration(spark, plan, tail, tables, CancelToken(), fan_out=1, small_rows=10_000)
+    assert result.outcome == "success", result.members
+    # The changes hold keys 3950..4019: every MERGE (and the index's read of its
+    # stale postings) reads the target's last file, 500 rows or so; without the
+    # bounds each would read all 8 files, 4,000 rows in one stage.
+    assert max(rows_read_per_stage(spark, plan.iteration_id)) < 1000
+
+    now = spark.read.format("delta").option("versionAsOf", 4).load(path)
+
+    def target(name: str) -> DataFrame:
+        return tables.handle("shop", f"orders_{name}", spark).delta().toDF()
+
+    assert_df_equality(target("copy"), now, ignore_row_order=True)
+    assert_df_equality(
+        target("by_name").select("name", "id"), now.select("name", "id"), ignore_row_order=True
+    )
+    assert_df_equality(
+        target("words").select("term", "id", "field", "tf", "positions"),
+        expected_index(spark, now, {"columns": ["name"], "tokenizer": None}),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )

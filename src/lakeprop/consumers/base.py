@@ -46,9 +46,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from lakeprop.consumers.changes import latest_change_per_key
+from lakeprop.consumers.changes import Bounds, latest_change_per_key
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import JobKey, target_table
 from lakeprop.tables.probe import DeltaLogProbe
@@ -88,6 +89,11 @@ class ConsumerContext:
     """The engine's last change per key of this member's change set, computed
     once for every consumer of the iteration with the same key and start and
     held (checkpointed); None where nothing holds it (:meth:`latest_changes`)."""
+    key_bounds: Bounds | None = None
+    """Least and greatest value, in this member's change set, of the key columns
+    its consumer type names (``Consumer.key_columns``), by lower-case column
+    name; what :meth:`in_change_range` bounds a target by. None where the engine
+    did not compute them (a snapshot, a context built outside the engine)."""
 
     @property
     def txn_app_id(self) -> str:
@@ -136,6 +142,28 @@ class ConsumerContext:
         if self.held_latest is None:
             return latest_change_per_key(changes, list(key))
         return self.held_latest(key)
+
+    def in_change_range(self, columns: Sequence[str], alias: str | None = None) -> list[Column]:
+        """Predicates on the target's key ``columns`` (of ``alias``): each between
+        the least and greatest value the change set holds of it.
+
+        ANDed into a MERGE's ``ON`` condition (or a filter on the target), they
+        let Delta skip every target file whose statistics lie outside the range
+        (data skipping), so a tail of recent keys reads the files holding them,
+        not the whole target. They lose no match: every key of the change set
+        lies inside. Only columns matched by equality belong here (a NULL-safe
+        match would lose its NULL keys), and only those the consumer type names
+        in ``key_columns``: the others have no bounds and get no predicate.
+        """
+        bounds = self.key_bounds or {}
+        prefix = f"{alias}." if alias else ""
+        predicates = []
+        for column in columns:
+            found = bounds.get(column.lower())
+            if found is not None:
+                low, high = found
+                predicates.append(F.col(f"{prefix}{column}").between(F.lit(low), F.lit(high)))
+        return predicates
 
     @contextmanager
     def merging_changes(self) -> Iterator[None]:
@@ -192,6 +220,14 @@ class Consumer(ABC):
     @classmethod
     def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
         """Source columns the options rely on (checked at registration)."""
+        return []
+
+    @classmethod
+    def key_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        """Source columns ``apply_changes`` matches the target on, by equality and
+        under the same names in the target. The engine bounds them by the change
+        set as it reads it (no Spark job of its own) for
+        :meth:`ConsumerContext.in_change_range`. Default: none."""
         return []
 
     @property

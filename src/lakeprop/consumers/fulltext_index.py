@@ -263,6 +263,10 @@ class FulltextIndexConsumer(Consumer):
         key = list(options["primary_key"])
         return key + [c for c in options["columns"] if c not in key]
 
+    @classmethod
+    def key_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return list(options["primary_key"])
+
     def __init__(self, context: ConsumerContext) -> None:
         super().__init__(context)
         options = context.options
@@ -290,6 +294,7 @@ class FulltextIndexConsumer(Consumer):
         stale = (
             target.delta()
             .toDF()
+            .where(reduce(lambda a, b: a & b, self.context.in_change_range(self.key), F.lit(True)))
             .join(F.broadcast(latest.select(*self.key).distinct()), self.key, "left_semi")
             .select(*entry)
             .join(fresh.select(*entry), entry, "left_anti")
@@ -305,7 +310,8 @@ class FulltextIndexConsumer(Consumer):
             written = int(source.count())
             if written == 0:
                 return 0
-            on = reduce(lambda a, b: a & b, [F.col(f"t.{c}") == F.col(f"s.{c}") for c in entry])
+            matched = [F.col(f"t.{c}") == F.col(f"s.{c}") for c in entry]
+            on = reduce(lambda a, b: a & b, matched + self.context.in_change_range(self.key, "t"))
             values: dict[str, str | Column] = {
                 c: F.col(f"s.{c}") for c in [*entry, "tf", "positions"]
             }

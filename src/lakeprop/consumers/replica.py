@@ -2,7 +2,9 @@
 
 A snapshot overwrites the target; a tail applies the last change of each key in
 the range with one MERGE (delete, update or insert), so the replica equals the
-source's chosen columns at the watermark version. Applying a range again, or an
+source's chosen columns at the watermark version. The MERGE reads only the
+target files whose primary key statistics overlap the change set's keys
+(``ConsumerContext.in_change_range``). Applying a range again, or an
 overlapping one, leaves the same result.
 
 Options::
@@ -62,6 +64,10 @@ class ReplicaConsumer(Consumer):
             c for c in (options.get("columns") or []) if c not in options["primary_key"]
         ]
 
+    @classmethod
+    def key_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return list(options["primary_key"])
+
     def __init__(self, context: ConsumerContext) -> None:
         super().__init__(context)
         self.key: list[str] = list(context.options["primary_key"])
@@ -84,7 +90,8 @@ class ReplicaConsumer(Consumer):
         latest = self.context.latest_changes(changes, self.key).select(
             *self.columns, "_change_type"
         )
-        on = reduce(lambda a, b: a & b, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in self.key])
+        matched = [F.col(f"t.{k}") == F.col(f"s.{k}") for k in self.key]
+        on = reduce(lambda a, b: a & b, matched + self.context.in_change_range(self.key, "t"))
         values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in self.columns}
         deleted = F.col("s._change_type") == "delete"
         merge = (

@@ -2,8 +2,10 @@
 
 A tail iteration reads the Change Data Feed of ``(from, to]`` with the end
 version pinned (an open end would re-resolve "latest" at every action),
-checkpoints it locally as it counts it, and gives each member its own slice
-(changes after that member's watermark). In a large tail the last change
+checkpoints it locally as it counts it per version (the same Spark job finds
+the least and greatest value of the members' key columns, by which their MERGEs
+skip target files), and gives each member its own slice (changes after that
+member's watermark). In a large tail the last change
 per key is computed once per key and start for the consumers that ask, and
 held likewise (:class:`HeldLatest`). A snapshot iteration hands over the
 table as of ``to``. When the range can no longer be read (vacuumed, past log
@@ -28,7 +30,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.consumers.base import ConsumerContext
-from lakeprop.consumers.changes import latest_change_per_key
+from lakeprop.consumers.changes import (
+    Bounds,
+    bounded_columns,
+    bounds_after,
+    latest_change_per_key,
+)
 from lakeprop.engine.model import (
     CancelToken,
     IterationKind,
@@ -107,7 +114,7 @@ def run_iteration(
     held: HeldLatest | None = None
     try:
         with session_confs(spark, COUNTING_CONFS):
-            data, per_version = _read(source, plan, result, token)
+            data, per_version, bounds = _read(source, plan, result, token, _key_columns(jobs))
         result.bytes_cached = cached_bytes(spark, data)
         token.cached_bytes = result.bytes_cached or 0
         fault_point("iteration.before_write")
@@ -119,6 +126,7 @@ def run_iteration(
             plan=plan,
             data=data,
             per_version=per_version,
+            bounds=bounds,
             small=small,
             held=held,
             tables=tables,
@@ -251,22 +259,56 @@ def consumer_sessions(spark: SparkSession, count: int) -> list[SparkSession]:
         return sessions[:count]
 
 
+def _key_columns(jobs: Sequence[MemberJob]) -> list[str]:
+    """The key columns the members' consumer types name (``Consumer.key_columns``),
+    each once. A type that cannot say names none: its member fails on its own."""
+    columns: list[str] = []
+    for job in jobs:
+        consumer = job.spec.iteration.consumer
+        try:
+            named = get_consumer_type(consumer.type).key_columns(consumer.options)
+        except Exception as exc:
+            log.debug("no key columns of %s for job %s: %s", consumer.type, job.key, exc)
+            continue
+        columns += [c for c in named if c not in columns]
+    return columns
+
+
 def _read(
-    source: TableHandle, plan: IterationPlan, result: IterationResult, token: CancelToken
-) -> tuple[DataFrame, dict[int, int]]:
+    source: TableHandle,
+    plan: IterationPlan,
+    result: IterationResult,
+    token: CancelToken,
+    keys: Sequence[str],
+) -> tuple[DataFrame, dict[int, int], dict[int, Bounds]]:
     """The checkpointed change set of a tail, with its rows per commit version
-    (one Spark job counts them as it stores the blocks), or the table as of
-    ``to_version`` for a snapshot (no counts); a tail whose range is no longer
-    readable becomes a snapshot (resync)."""
+    and the bounds of the ``keys`` it can bound per version (one Spark job
+    finds both as it stores the blocks), or the table as of ``to_version`` for
+    a snapshot (no counts, no bounds); a tail whose range is no longer readable
+    becomes a snapshot (resync)."""
     if plan.kind is IterationKind.TAIL:
         data: DataFrame | None = None
         try:
             data = _read_changes(source, plan)
             result.source_scans += 1
-            counted = data.groupBy("_commit_version").count().collect()
-            per_version = {int(r["_commit_version"]): int(r["count"]) for r in counted}
+            bounded = bounded_columns(keys, {f.name: f.dataType for f in data.schema.fields})
+            extremes = [
+                agg(data[c]).alias(f"_{name}{i}")
+                for i, c in enumerate(bounded)
+                for name, agg in (("low", F.min), ("high", F.max))
+            ]
+            counted = (
+                data.groupBy("_commit_version").agg(F.count(F.lit(1)).alias("_rows"), *extremes)
+            ).collect()
+            per_version = {int(r["_commit_version"]): int(r["_rows"]) for r in counted}
+            bounds: dict[int, Bounds] = {
+                int(r["_commit_version"]): {
+                    c.lower(): (r[f"_low{i}"], r[f"_high{i}"]) for i, c in enumerate(bounded)
+                }
+                for r in counted
+            }
             result.rows_read = token.cached_rows = sum(per_version.values())
-            return data, per_version
+            return data, per_version, bounds
         except Exception as exc:
             if data is not None:
                 _release(data)
@@ -283,7 +325,7 @@ def _read(
     snapshot = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
     result.source_scans += 1
     result.rows_read = token.cached_rows = int(snapshot.count())
-    return snapshot, {}
+    return snapshot, {}, {}
 
 
 def _fail_the_rest(
@@ -386,6 +428,7 @@ def _consume(
     plan: IterationPlan,
     data: DataFrame,
     per_version: dict[int, int],
+    bounds: dict[int, Bounds],
     small: bool,
     held: HeldLatest | None,
     tables: Tables,
@@ -401,6 +444,7 @@ def _consume(
     if token.cancelled:
         result.error_code, result.error_msg = int(token.code), token.reason
         return result
+    tail_from = job.member.from_version if kind is IterationKind.TAIL else None
     context = ConsumerContext(
         spark=spark,
         key=job.key,
@@ -414,10 +458,9 @@ def _consume(
         locate=lambda database, table: tables.handle(database, table, spark),
         cancelled=lambda: token.cancelled,
         change_rows=(
-            sum(n for v, n in per_version.items() if v > job.member.from_version)
-            if kind is IterationKind.TAIL and job.member.from_version is not None
-            else None
+            None if tail_from is None else sum(n for v, n in per_version.items() if v > tail_from)
         ),
+        key_bounds=None if tail_from is None else bounds_after(bounds, tail_from),
         small=small,
         held_latest=(
             functools.partial(held.after, job.member.from_version)
