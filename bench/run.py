@@ -30,7 +30,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "registration": {"jobs": 50},
         "fanout": {"k": 2, "rows": 50, "commits": 1, "changes": 10},
         "catchup": {"rows": 1000, "repeats": 1, "replicas": 2},
-        "recent": {"rows": 4000, "files": 4, "changes": 100, "repeats": 1},
+        "recent": {"rows": 1000, "files": 2, "changes": 50, "repeats": 1},
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
         "fairness": {"backlog": 3},
     },

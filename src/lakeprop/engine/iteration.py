@@ -5,9 +5,9 @@ version pinned (an open end would re-resolve "latest" at every action),
 checkpoints it locally as it counts it per version (the same Spark job finds
 the least and greatest value of the members' key columns, by which their MERGEs
 skip target files), and gives each member its own slice (changes after that
-member's watermark). In a large tail the last change
-per key is computed once per key and start for the consumers that ask, and
-held likewise (:class:`HeldLatest`). A snapshot iteration hands over the
+member's watermark). In a large tail the last change per key is computed once
+per key and start for the consumers that ask, and held likewise
+(:class:`HeldLatest`). A snapshot iteration hands over the
 table as of ``to``. When the range can no longer be read (vacuumed, past log
 retention, change feed off), the iteration becomes a snapshot at the same
 version: a full resync, recorded as such. Missing files are never skipped.
