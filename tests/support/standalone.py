@@ -42,6 +42,9 @@ class StandaloneCluster:
             **os.environ,
             "SPARK_HOME": str(Path(pyspark.__file__).parent),
             "SPARK_LOCAL_IP": "127.0.0.1",
+            # the master and the worker only route messages: compiling them with the
+            # optimising JIT would take cores from the application under test
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         }
         self._processes.append(
             subprocess.Popen(
