@@ -4,6 +4,7 @@ sources dropped or replaced, targets dropped or altered, a fuzzed change log."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -51,24 +52,49 @@ def test_a_second_instance_on_the_same_checkpoint_refuses_to_start(
 
 def test_a_lease_on_a_hadoop_file_system_checkpoint(spark: SparkSession, tmp_path: Path) -> None:
     location = f"file://{tmp_path}/checkpoint"
-    first = CheckpointLock(spark, location, ttl=4.0)
+    lease = tmp_path / "checkpoint" / LEASE_FILE
+    ttl = 3.0
+    first = CheckpointLock(spark, location, ttl=ttl)
     first.acquire()
     try:
         with pytest.raises(CheckpointInUseError, match="in use"):
-            CheckpointLock(spark, location, ttl=4.0).acquire()
-        time.sleep(5)  # renewed meanwhile, so still held
+            CheckpointLock(spark, location, ttl=ttl).acquire()
+        taken = assert_eventually(lambda: renewed(lease), interval=0.1)
+
+        def outlived_its_ttl() -> None:  # without renewals it would have expired by now
+            assert renewed(lease) >= taken + ttl
+
+        assert_eventually(outlived_its_ttl, timeout=30, interval=0.1)
         with pytest.raises(CheckpointInUseError):
-            CheckpointLock(spark, location, ttl=4.0).acquire()
+            CheckpointLock(spark, location, ttl=ttl).acquire()
     finally:
         first.release()
-    assert not (tmp_path / "checkpoint" / LEASE_FILE).exists()
+    assert not lease.exists()
     # a holder that died leaves a stale lease: taken over once it is older than the ttl
-    (tmp_path / "checkpoint" / LEASE_FILE).write_text(
+    lease.write_text(
         json.dumps({"owner": "gone", "pid": 1, "host": "h", "renewed": time.time() - 10})
     )
-    taker = CheckpointLock(spark, location, ttl=4.0)
+    taker = CheckpointLock(spark, location, ttl=ttl)
     taker.acquire()
     taker.release()
+    # a lease caught half written is held, by its modification time, until it goes stale
+    lease.write_text("")
+    with pytest.raises(CheckpointInUseError):
+        CheckpointLock(spark, location, ttl=ttl).acquire()
+    os.utime(lease, (time.time() - 10, time.time() - 10))
+    taker = CheckpointLock(spark, location, ttl=ttl)
+    taker.acquire()
+    mine = assert_eventually(lambda: renewed(lease), interval=0.1)
+    assert mine > time.time() - ttl  # the taker's own lease
+    taker.release()
+
+
+def renewed(lease: Path) -> float:
+    """When the lease file says it was renewed (a read during a renewal retries)."""
+    try:
+        return float(json.loads(lease.read_text())["renewed"])
+    except ValueError as exc:
+        raise AssertionError(f"lease caught half written: {exc}") from None
 
 
 def register(client: LakepropClient, key: JobKey, consumer: dict[str, Any]) -> None:

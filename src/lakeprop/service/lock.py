@@ -144,7 +144,20 @@ class CheckpointLock:
         return f"{self.location}/{LEASE_FILE}"
 
     def _read_lease(self) -> dict[str, Any]:
-        return _parse(self._files().read_text(self._lease_path()) or "")
+        """The lease, ``{}`` when there is none.
+
+        A lease file that does not parse was caught half written (a file system
+        where an overwrite is not atomic, as on HDFS or a local disk) or torn by
+        a holder that died while writing it. It counts as renewed when it was
+        last modified, by an unknown owner: a live holder's lease is never taken
+        for absent, and a torn one goes stale like any other.
+        """
+        files = self._files()
+        lease = _parse(files.read_text(self._lease_path()) or "")
+        if "owner" in lease and "renewed" in lease:
+            return lease
+        modified = files.modified(self._lease_path())
+        return {} if modified is None else {"owner": None, "renewed": modified}
 
     def _write_lease(self) -> None:
         self._files().write_text(
@@ -168,7 +181,7 @@ class CheckpointLock:
         while not self._stop.wait(self.ttl / 4):
             try:
                 holder = self._read_lease()
-                if holder and holder.get("owner") != self.me["owner"]:
+                if holder.get("owner") not in (None, self.me["owner"]):
                     log.error(
                         "lease %s was taken over by pid %s on %s: this instance was not renewing "
                         "it and must be stopped",

@@ -145,6 +145,14 @@ class HadoopFiles:
         finally:
             stream.close()
 
+    def modified(self, location: str) -> float | None:
+        """The file's modification time (seconds since the epoch), or None if it does
+        not exist."""
+        fs, path = self._resolve(location)
+        if not fs.exists(path):
+            return None
+        return int(fs.getFileStatus(path).getModificationTime()) / 1000.0
+
     def write_text(self, location: str, text: str) -> None:
         fs, path = self._resolve(location)
         stream = fs.create(path, True)
