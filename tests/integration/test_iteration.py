@@ -183,3 +183,36 @@ def test_a_tail_of_recent_keys_reads_only_the_target_files_that_hold_them(
         ignore_row_order=True,
         ignore_nullable=True,
     )
+
+
+def test_two_snapshots_of_one_version_each_hold_their_own_rows(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """Snapshots of a table run side by side (two new jobs do not wait for each
+    other): the one that ends first releases its rows, never the other's."""
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "shop", "orders")
+    rows = [(i, f"n{i}", float(i)) for i in range(40)]
+    spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+    source = tables.handle("shop", "orders", spark)
+    held = []
+    for _ in range(2):  # both read before either ends
+        plan = IterationPlan(TABLE, IterationKind.SNAPSHOT, 1, (), 0, time.time())
+        result = IterationResult(plan, plan.kind, time.time())
+        data, _, _ = iteration._read(source, plan, result, CancelToken(), ["id"])
+        assert result.rows_read == 40
+        held.append(data)
+    first, second = held
+    size = iteration.cached_bytes(spark, first)
+    assert size is not None and size > 0
+
+    iteration._release(first)
+
+    assert iteration.cached_bytes(spark, second) == size  # still in the block store
+    assert_df_equality(
+        second,
+        spark.createDataFrame(rows, SOURCE_SCHEMA),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    iteration._release(second)

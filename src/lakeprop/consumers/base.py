@@ -15,8 +15,8 @@ one of its two methods:
     and ``_commit_timestamp``. The consumer applies them in commit order.
 
 Both return the number of rows written (for the iteration history). The
-engine holds the DataFrames (a snapshot persisted, a change set checkpointed:
-its rows are fixed, whatever reads them) and shares them with the other
+engine holds the DataFrames (a snapshot or a change set, checkpointed: its
+rows are fixed, whatever reads them) and shares them with the other
 consumers of the iteration: read them, do not unpersist them.
 
 A consumer must

@@ -322,7 +322,12 @@ def _read(
             log.warning(
                 "iteration %s on %s: %s", plan.iteration_id, plan.table, result.resync_reason
             )
-    snapshot = source.load(source.reader().option("versionAsOf", plan.to_version)).persist()
+    # Checkpointed like a change set, not persisted: Spark's cache manager keeps
+    # one entry per plan, so two snapshots of one table version (two new jobs,
+    # whose snapshots run side by side) would share it, and the first to end
+    # would unpersist the other's rows from under it.
+    snapshot = source.load(source.reader().option("versionAsOf", plan.to_version))
+    snapshot = snapshot.localCheckpoint(eager=False)
     result.source_scans += 1
     result.rows_read = token.cached_rows = int(snapshot.count())
     return snapshot, {}, {}
@@ -407,8 +412,7 @@ class HeldLatest:
 
 
 def _release(data: DataFrame) -> None:
-    """Free what holding ``data`` took: the blocks of a checkpointed change set,
-    the cache of a persisted snapshot."""
+    """Free the blocks of a checkpointed change set or snapshot."""
     try:
         rdd = checkpointed_rdd(data)
     except Exception as exc:  # no JVM plan to look at: unpersist is all there is

@@ -82,7 +82,7 @@ class CancelToken:
     """Set when an iteration is cancelled (timeout, unregister, update, shutdown).
 
     It also tells the scheduler what the running iteration holds: ``cached_rows``,
-    the rows of its persisted change set (the account's rows in flight, for
+    the rows of its held change set or snapshot (the account's rows in flight, for
     backpressure), set once the set is read and counted, and ``cached_bytes``,
     their size in Spark's cache.
     """

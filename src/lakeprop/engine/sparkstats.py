@@ -2,8 +2,8 @@
 
 Read from the driver's own status store (Spark's ``AppStatusListener``, the
 SparkListener behind the web UI, which keeps each job's group and each stage's
-executor run time), from the cache manager's statistics of a persisted
-DataFrame and from the block store's of a checkpointed one. PySpark exposes
+executor run time) and from the block store's statistics of a checkpointed
+DataFrame. PySpark exposes
 none of them, so they go through the JVM; a Spark whose internals differ
 yields None (the history column stays empty), never a wrong figure or a
 failed iteration.
@@ -53,19 +53,14 @@ def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
 
 
 def cached_bytes(spark: SparkSession, data: DataFrame) -> int | None:
-    """Bytes the held ``data`` takes in Spark's block store: a persisted
-    DataFrame's columnar batches (as the cache manager counted them while
-    filling it), or a locally checkpointed one's blocks, memory and disk; None
-    when it is neither."""
+    """Bytes the held ``data``, a locally checkpointed DataFrame, takes in Spark's
+    block store, memory and disk; None when it is not one."""
     try:
         rdd = checkpointed_rdd(data)
-        if rdd is not None:
-            infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
-            return sum(int(i.memSize()) + int(i.diskSize()) for i in infos if i.id() == rdd.id())
-        cached = spark._jsparkSession.sharedState().cacheManager().lookupCachedData(data._jdf)
-        if not cached.isDefined():
+        if rdd is None:
             return None
-        return int(cached.get().cachedRepresentation().cacheBuilder().sizeInBytesStats().value())
+        infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+        return sum(int(i.memSize()) + int(i.diskSize()) for i in infos if i.id() == rdd.id())
     except Exception as exc:
         log.debug("cached bytes unavailable: %s", exc)
         return None
