@@ -3,10 +3,9 @@
 Read from the driver's own status store (Spark's ``AppStatusListener``, the
 SparkListener behind the web UI, which keeps each job's group and each stage's
 executor run time) and from the block store's statistics of a checkpointed
-DataFrame. PySpark exposes
-none of them, so they go through the JVM; a Spark whose internals differ
-yields None (the history column stays empty), never a wrong figure or a
-failed iteration.
+DataFrame. PySpark exposes neither, so they go through the JVM; a Spark whose
+internals differ yields None (the history column stays empty), never a wrong
+figure or a failed iteration.
 """
 
 from __future__ import annotations
