@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from lakeprop.changelog import Command, LogRecord, Operation
@@ -17,7 +19,7 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.service.app import PropagationApp
-from lakeprop.service.runner import BatchSummary
+from lakeprop.service.runner import PY4J_CALLBACK_LOGGER, BatchSummary
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.catalog import JobCatalog, apply_commands
 from lakeprop.state.status import JobState
@@ -29,6 +31,7 @@ from tests.integration.helpers import (
     run_once,
     snapshot,
     table,
+    ticks_pass,
 )
 from tests.support.specs import expected_row, replica_spec
 from tests.support.waiting import assert_eventually
@@ -291,6 +294,29 @@ def test_the_query_ticks_while_the_log_is_quiet(spark: SparkSession, app_config:
     finally:
         app.stop_query(query)
     assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_a_micro_batch_refused_while_the_query_stops_logs_one_line_and_no_traceback(
+    spark: SparkSession, app_config: AppConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    app = PropagationApp(spark, app_config)
+    query = app.start()
+    try:
+        ticks_pass(app, 1)
+        with app.runner.halted(60) as between_batches:
+            assert between_batches
+            # the next tick is refused before it does anything, which fails the query
+            with pytest.raises(StreamingQueryException, match="arrived while the query stops"):
+                query.awaitTermination(60)
+    finally:
+        app.stop_query(query)
+        app.shutdown()
+    refused = [r for r in caplog.records if "arrived while the query stops" in r.getMessage()]
+    assert refused and all(r.name == "lakeprop.service.runner" for r in refused), refused
+    assert [
+        r for r in caplog.records if r.name == PY4J_CALLBACK_LOGGER and r.levelno >= logging.WARNING
+    ] == []
 
 
 def test_state_tables_survive_a_deleted_checkpoint_without_duplicates(

@@ -102,6 +102,30 @@ class ServiceHaltedError(TemporaryError):
     """A micro-batch reached a runner that is stopping: it is replayed after a restart."""
 
 
+PY4J_CALLBACK_LOGGER = "py4j.clientserver"
+"""Where py4j logs, with its traceback at ERROR, whatever a ``foreachBatch`` callback raises."""
+
+
+class RefusedBatchFilter(logging.Filter):
+    """Drops py4j's traceback of a micro-batch refused while the query stops.
+
+    Such a batch is expected on a stop (a tick arrives while the one in progress
+    drains), has done nothing and is replayed after a restart; the runner logs
+    one line for it. Every other exception of the callback keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, ServiceHaltedError)
+
+
+def quiet_refused_batches() -> None:
+    """Install :class:`RefusedBatchFilter` on py4j's callback logger, once."""
+    logger = logging.getLogger(PY4J_CALLBACK_LOGGER)
+    if not any(isinstance(f, RefusedBatchFilter) for f in logger.filters):
+        logger.addFilter(RefusedBatchFilter())
+
+
 @dataclass
 class BatchTimings:
     """Seconds one micro-batch spent in each phase."""
@@ -193,6 +217,7 @@ class Runner:
         observer: RunnerObserver | None = None,
         log_empty: Callable[[int], bool] | None = None,
     ) -> None:
+        quiet_refused_batches()
         self.spark = spark
         self.observer: RunnerObserver = observer or Unobserved()
         self.log_empty = log_empty or (lambda _batch_id: False)
@@ -305,6 +330,10 @@ class Runner:
         # query.stop(), which would then wait for it forever. Micro-batches of one
         # query never overlap, so the lock is only ever taken by halted().
         if self._halted or not self._batch_lock.acquire(blocking=False):
+            log.info(
+                "micro-batch %d arrived while the query stops: refused, a restart replays it",
+                batch_id,
+            )
             raise ServiceHaltedError(f"micro-batch {batch_id} arrived while the query stops")
         try:
             yield timed
