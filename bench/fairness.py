@@ -75,14 +75,22 @@ def _first_sync(
     return b_time, a_time, in_sync
 
 
-def run(spark: SparkSession, workdir: Path, bootstrap_servers: str, backlog: int = 200) -> Result:
-    fair_b, fair_a, fair_ok = _first_sync(spark, workdir / "fair", bootstrap_servers, backlog, True)
-    fifo_b, fifo_a, fifo_ok = _first_sync(
-        spark, workdir / "fifo", bootstrap_servers, backlog, False
-    )
+def run(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap_servers: str,
+    backlog: int = 200,
+    fifo_first: int = 0,
+) -> Result:
+    """``fifo_first=1`` runs the first-come-first-served side first (on the colder JVM)."""
+    sides = {
+        fair: _first_sync(spark, workdir / name, bootstrap_servers, backlog, fair)
+        for fair, name in ((False, "fifo"), (True, "fair"))[:: 1 if fifo_first else -1]
+    }
+    (fair_b, fair_a, fair_ok), (fifo_b, fifo_a, fifo_ok) = sides[True], sides[False]
     return Result(
         "fairness",
-        {"backlog": backlog, "workers": 2},
+        {"backlog": backlog, "workers": 2, "first": "fifo" if fifo_first else "fair"},
         {
             "b_first_sync_fair_s": fair_b,
             "b_first_sync_fifo_s": fifo_b,
