@@ -296,7 +296,11 @@ def test_the_query_ticks_while_the_log_is_quiet(spark: SparkSession, app_config:
     assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
 
 
-def test_a_micro_batch_refused_while_the_query_stops_logs_one_line_and_no_traceback(
+def refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "arrived while the query stops" in r.getMessage()]
+
+
+def test_a_micro_batch_refused_while_the_query_stops_ends_it_as_stopped_with_one_log_line(
     spark: SparkSession, app_config: AppConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
@@ -306,14 +310,40 @@ def test_a_micro_batch_refused_while_the_query_stops_logs_one_line_and_no_traceb
         ticks_pass(app, 1)
         with app.runner.halted(60) as between_batches:
             assert between_batches
-            # the next tick is refused before it does anything, which fails the query
+
+            def refused_and_waiting() -> None:
+                assert refusals(caplog)
+
+            assert_eventually(refused_and_waiting, timeout=30, interval=0.1)
+            query.stop()  # interrupts the refused batch: the query ends as stopped
+        assert not query.isActive
+        assert query.exception() is None  # Spark took the refusal for the stop's interrupt
+    finally:
+        app.stop_query(query)
+        app.shutdown()
+    assert [r.name for r in refusals(caplog)] == ["lakeprop.service.runner"]
+    assert [
+        r for r in caplog.records if r.name == PY4J_CALLBACK_LOGGER and r.levelno >= logging.WARNING
+    ] == []
+
+
+def test_a_micro_batch_refused_while_halted_with_no_stop_fails_the_query_for_a_restart(
+    spark: SparkSession, app_config: AppConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    app = PropagationApp(spark, app_config)
+    app.runner.refusal_wait = 0.5
+    query = app.start()
+    try:
+        ticks_pass(app, 1)
+        with app.runner.halted(60) as between_batches:
+            assert between_batches
             with pytest.raises(StreamingQueryException, match="arrived while the query stops"):
                 query.awaitTermination(60)
     finally:
         app.stop_query(query)
         app.shutdown()
-    refused = [r for r in caplog.records if "arrived while the query stops" in r.getMessage()]
-    assert refused and all(r.name == "lakeprop.service.runner" for r in refused), refused
+    assert refusals(caplog) and all(r.name == "lakeprop.service.runner" for r in refusals(caplog))
     assert [
         r for r in caplog.records if r.name == PY4J_CALLBACK_LOGGER and r.levelno >= logging.WARNING
     ] == []

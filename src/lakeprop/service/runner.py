@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 
 from lakeprop.bulk.executor import BulkExecutor
@@ -100,6 +101,50 @@ class BatchSummary:
 
 class ServiceHaltedError(TemporaryError):
     """A micro-batch reached a runner that is stopping: it is replayed after a restart."""
+
+
+REFUSAL_WAIT = 10.0
+"""Seconds a refused micro-batch waits for ``StreamingQuery.stop()`` to interrupt it."""
+
+
+def await_stop_interrupt(spark: SparkSession, timeout: float) -> Py4JJavaError | None:
+    """Sleep in the JVM until the query's ``stop()`` interrupts this callback, or
+    ``timeout`` passes; the interrupt as Python sees it, or None.
+
+    py4j runs the calls a ``foreachBatch`` callback makes on the JVM thread that
+    called it (pinned thread mode, PySpark's default): the query's own thread,
+    the one ``stop()`` interrupts. Python code waiting in Python would not see
+    that interrupt, and ``stop()`` would wait for it.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            jvm.java.lang.Thread.sleep(50)
+    except Py4JJavaError as exc:
+        if exc.java_exception.getClass().getName() == "java.lang.InterruptedException":
+            return exc
+        raise
+    return None
+
+
+def refusal(batch_id: int, interrupt: Py4JJavaError | None) -> ServiceHaltedError:
+    """The error a refused micro-batch raises.
+
+    With the stop's interrupt it names the interrupted py4j call the way Spark
+    recognises one (``StreamExecution.isInterruptionException``): the query then
+    ends as stopped, not failed, and the JVM logs no error. It is one line on
+    purpose: Spark matches it with a regular expression whose recursion grows
+    with the text that follows, and a Java stack trace overflows its stack.
+    """
+    message = f"micro-batch {batch_id} arrived while the query stops"
+    if interrupt is None:  # no stop came: the query fails, and a restart replays the batch
+        return ServiceHaltedError(message)
+    called = interrupt.errmsg.strip()  # "An error occurred while calling z:....sleep."
+    cause = interrupt.java_exception.toString()  # "java.lang.InterruptedException: ..."
+    kind = f"{type(interrupt).__module__}.{type(interrupt).__name__}"
+    return ServiceHaltedError(f"{message}: refused on {kind}: {called} {cause}")
 
 
 PY4J_CALLBACK_LOGGER = "py4j.clientserver"
@@ -257,6 +302,8 @@ class Runner:
         """Phase timings of the latest micro-batches (benchmarks, metrics)."""
         self._batch_lock = threading.Lock()
         self._halted = False
+        self.refusal_wait = REFUSAL_WAIT
+        """Seconds a micro-batch refused while halted waits for the query's stop."""
 
     @contextmanager
     def halted(self, timeout: float) -> Iterator[bool]:
@@ -265,9 +312,11 @@ class Runner:
 
         Yields whether it got in between micro-batches. Stopping the query inside
         this block does not interrupt a micro-batch half way (a Delta commit cut
-        off by the interrupt). A batch that arrives meanwhile fails before doing
-        anything, so its offsets are not committed and a restart replays it.
-        :meth:`resume` lets batches in again.
+        off by the interrupt). A batch that arrives meanwhile is refused before
+        doing anything: it waits (up to :attr:`refusal_wait`) for the stop, then
+        fails, so its offsets are not committed and a restart replays it. Failed
+        by the stop's interrupt, it ends the query as stopped; with no stop, the
+        query fails. :meth:`resume` lets batches in again.
         """
         self._halted = True
         # The micro-batch in progress may wait for cores that iterations hold.
@@ -326,15 +375,16 @@ class Runner:
             finally:
                 timings.phases[phase] = time.perf_counter() - started
 
-        # Never wait here: a callback blocked in Python cannot be interrupted by
-        # query.stop(), which would then wait for it forever. Micro-batches of one
-        # query never overlap, so the lock is only ever taken by halted().
+        # Never wait for the lock: a callback blocked in Python cannot be interrupted
+        # by query.stop(), which would then wait for it forever (a refused batch
+        # waits in the JVM instead). Micro-batches of one query never overlap, so
+        # the lock is only ever taken by halted().
         if self._halted or not self._batch_lock.acquire(blocking=False):
             log.info(
                 "micro-batch %d arrived while the query stops: refused, a restart replays it",
                 batch_id,
             )
-            raise ServiceHaltedError(f"micro-batch {batch_id} arrived while the query stops")
+            raise refusal(batch_id, await_stop_interrupt(self.spark, self.refusal_wait))
         try:
             yield timed
         finally:
