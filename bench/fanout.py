@@ -5,9 +5,23 @@ deletes). lakeprop keeps K ``replica`` jobs of the first in step: one shared
 read of the change feed per iteration, the K MERGEs at once. The baseline is
 what a Spark user writes today: K streaming queries with ``readChangeFeed``,
 each MERGEing the last change per key into its own replica of the second
-table. Both run warm, with the same trigger interval, one side at a time; the
-figure is the time from the first commit until every replica holds the last
-version. The check: every replica of both sides equals its source.
+table. Both run warm, one side at a time. The check: every replica of both
+sides equals its source.
+
+Two ways to run it:
+
+* live (``backlog=0``, the default): both sides run, with the same trigger
+  interval, while the commits land; the figure is the time from the first
+  commit until every replica holds the last version, so it includes the
+  commits both sides wait for.
+* backlog (``backlog=1``): the commits land first, with both sides stopped;
+  the figure is the time from starting a side (the service on its checkpoint,
+  or K ``availableNow`` queries) until every replica holds the last version.
+
+The side that runs first runs on a colder JVM (its MERGE and change feed code
+not compiled yet), which at this size is worth more than the difference
+between the sides: ``warmup=1`` runs the DIY side once, untimed, on a third
+table first, and ``diy_first=1`` swaps the order.
 """
 
 from __future__ import annotations
@@ -88,11 +102,14 @@ def run(
     commits: int = 5,
     changes: int = 500,
     seed: int = 1,
+    backlog: int = 0,
+    warmup: int = 0,
+    diy_first: int = 0,
 ) -> Result:
     config = app_config(workdir, bootstrap_servers, consumer_threads=k)
     warehouse = config.tables.warehouse
-    ours, theirs = f"{warehouse}/db/ours", f"{warehouse}/db/theirs"
-    for path in (ours, theirs):
+    ours, theirs, warm = (f"{warehouse}/db/{name}" for name in ("ours", "theirs", "warm"))
+    for path in (ours, theirs, warm) if warmup else (ours, theirs):
         cdf_table(spark, path)
         spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(rows)], SCHEMA).write.format(
             "delta"
@@ -100,8 +117,14 @@ def run(
     steps = seeded_commits(rows, commits, changes, seed)
     final = 1 + commits
 
-    lakeprop_s = _lakeprop(spark, config, ours, k, steps, final)
-    diy_s = _diy(spark, workdir, theirs, k, steps, final)
+    if warmup:  # the MERGE and change feed code both sides run, compiled before either is timed
+        _diy(spark, workdir / "warmup", warm, k, steps, final, bool(backlog))
+    if diy_first:
+        diy_s = _diy(spark, workdir, theirs, k, steps, final, bool(backlog))
+        lakeprop_s = _lakeprop(spark, config, ours, k, steps, final, bool(backlog))
+    else:
+        lakeprop_s = _lakeprop(spark, config, ours, k, steps, final, bool(backlog))
+        diy_s = _diy(spark, workdir, theirs, k, steps, final, bool(backlog))
 
     source_ours = spark.read.format("delta").load(ours)
     source_theirs = spark.read.format("delta").load(theirs)
@@ -115,14 +138,28 @@ def run(
     )
     return Result(
         "fan-out",
-        {"replicas": k, "rows": rows, "commits": commits, "changes_per_commit": changes},
+        {
+            "replicas": k,
+            "rows": rows,
+            "commits": commits,
+            "changes_per_commit": changes,
+            "backlog": backlog,
+            "warmup": warmup,
+            "diy_first": diy_first,
+        },
         {"lakeprop_s": lakeprop_s, "diy_queries_s": diy_s, "ratio": lakeprop_s / diy_s},
         {"lakeprop_replicas_equal_source": ours_ok, "diy_replicas_equal_source": theirs_ok},
     )
 
 
 def _lakeprop(
-    spark: SparkSession, config: Any, path: str, k: int, steps: list[Step], final: int
+    spark: SparkSession,
+    config: Any,
+    path: str,
+    k: int,
+    steps: list[Step],
+    final: int,
+    backlog: bool,
 ) -> float:
     client = LakepropClient(config.kafka, config.state, spark)
     app = PropagationApp(spark, config)
@@ -140,9 +177,18 @@ def _lakeprop(
             return len(rows) == k and all(r.watermark == version for r in rows)
 
         wait_until(lambda: at(1), 600)
-        with stopwatch() as elapsed:
+        if backlog:  # the commits land while the service is down
+            app.stop_query(query)
+            app.shutdown()
             for step in steps:
                 apply_commit(spark, path, step)
+        with stopwatch() as elapsed:
+            if backlog:
+                app = PropagationApp(spark, config)
+                query = app.start()
+            else:
+                for step in steps:
+                    apply_commit(spark, path, step)
             wait_until(lambda: at(final), 600, 0.02)
         assert latest_version(spark, path) == final
     finally:
@@ -153,32 +199,51 @@ def _lakeprop(
 
 
 def _diy(
-    spark: SparkSession, workdir: Path, path: str, k: int, steps: list[Step], final: int
+    spark: SparkSession,
+    workdir: Path,
+    path: str,
+    k: int,
+    steps: list[Step],
+    final: int,
+    backlog: bool,
 ) -> float:
     targets = [f"{workdir}/diy/r{i}" for i in range(k)]
     snapshot = spark.read.format("delta").option("versionAsOf", 1).load(path)
     for target in targets:
         snapshot.write.format("delta").save(target)
-    queries = []
-    for i, target in enumerate(targets):
-        queries.append(
-            spark.readStream.format("delta")
-            .option("readChangeFeed", "true")
-            .option("startingVersion", "latest")  # changes after version 1
-            .load(path)
+    if backlog:  # the commits land before any query starts
+        for step in steps:
+            apply_commit(spark, path, step)
+
+    def start(i: int, target: str) -> Any:
+        reader = spark.readStream.format("delta").option("readChangeFeed", "true")
+        # changes after version 1: the commits still to come, or those already made
+        reader = reader.option("startingVersion", 2 if backlog else "latest")
+        writer = (
+            reader.load(path)
             .writeStream.queryName(f"diy-{i}")
             .option("checkpointLocation", f"{workdir}/diy/checkpoint-{i}")
             .foreachBatch(
                 lambda batch, _id, t=target: diy_merge(batch.sparkSession, t, batch, "id")
             )
-            .trigger(processingTime="0.2 seconds")
-            .start()
         )
+        if backlog:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime="0.2 seconds").start()
+
+    queries: list[Any] = []
     try:
-        with stopwatch() as elapsed:
-            for step in steps:
-                apply_commit(spark, path, step)
-            wait_until(lambda: all(query_reached(q, final) for q in queries), 600, 0.02)
+        if backlog:
+            with stopwatch() as elapsed:
+                queries = [start(i, target) for i, target in enumerate(targets)]
+                for q in queries:
+                    q.awaitTermination(600)
+        else:  # the queries run before the first commit, as the service does
+            queries = [start(i, target) for i, target in enumerate(targets)]
+            with stopwatch() as elapsed:
+                for step in steps:
+                    apply_commit(spark, path, step)
+                wait_until(lambda: all(query_reached(q, final) for q in queries), 600, 0.02)
     finally:
         for q in queries:
             q.stop()

@@ -37,7 +37,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
         "registration": {"jobs": 1000},
-        "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
+        "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500, "warmup": 1},
         "catchup": {"rows": 200_000, "repeats": 3},
         "recent": {"rows": 2_000_000, "files": 40, "changes": 1000, "repeats": 3},
         "latency": {"tick": 1, "commits": 20, "gap_ms": 2000},
@@ -46,7 +46,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
         "registration": {"jobs": 10_000},
-        "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500},
+        "fanout": {"k": 8, "rows": 5000, "commits": 5, "changes": 500, "warmup": 1},
         "catchup": {"rows": 1_000_000, "repeats": 3},
         "recent": {"rows": 10_000_000, "files": 100, "changes": 1000, "repeats": 3},
         "latency": {"tick": 5, "commits": 20, "gap_ms": 2000},

@@ -13,11 +13,23 @@ from lakeprop.dev.localkafka import LocalKafka
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+RUNS = [(name, {}) for name in sorted(BENCHMARKS)] + [
+    ("fanout", {"backlog": 1, "warmup": 1, "diy_first": 1})
+]
+"""Each benchmark at its smoke size, and the fan-out with its options on."""
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    RUNS,
+    ids=[name + "".join(f"-{k}={v}" for k, v in o.items()) for name, o in RUNS],
+)
 def test_a_benchmark_runs_and_both_sides_agree(
-    name: str, spark: SparkSession, kafka: LocalKafka, tmp_path: Path
+    name: str, overrides: dict[str, int], spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:
-    result = BENCHMARKS[name](spark, tmp_path, kafka.bootstrap_servers, **SIZES["smoke"][name])
+    sizes = SIZES["smoke"][name] | overrides
+    result = BENCHMARKS[name](spark, tmp_path, kafka.bootstrap_servers, **sizes)
     print(result.show())
     assert result.checks and all(result.checks.values()), result.show()
     assert all(v == v for v in result.figures.values())  # no NaN: every figure was measured
+    assert {k: result.sizes[k] for k in overrides} == overrides  # the run it says it was

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -308,7 +309,7 @@ def test_a_micro_batch_refused_while_the_query_stops_ends_it_as_stopped_with_one
     query = app.start()
     try:
         ticks_pass(app, 1)
-        with app.runner.halted(60) as between_batches:
+        with app.runner.halted(60, lambda: not query.isActive) as between_batches:
             assert between_batches
 
             def refused_and_waiting() -> None:
@@ -327,19 +328,36 @@ def test_a_micro_batch_refused_while_the_query_stops_ends_it_as_stopped_with_one
     ] == []
 
 
-def test_a_micro_batch_refused_while_halted_with_no_stop_fails_the_query_for_a_restart(
-    spark: SparkSession, app_config: AppConfig, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("stopping", "error"),
+    [
+        (False, r"arrived while the query stops$"),
+        # a stop whose interrupt an earlier step of the batch took: the refusal interrupts
+        # itself (the query fails here only because nothing stopped it)
+        (True, r"arrived while the query stops: refused on .*java.lang.InterruptedException"),
+    ],
+    ids=["no stop", "stop without its interrupt"],
+)
+def test_a_micro_batch_refused_while_halted_fails_the_query_unless_a_stop_ends_it(
+    spark: SparkSession,
+    app_config: AppConfig,
+    caplog: pytest.LogCaptureFixture,
+    stopping: bool,
+    error: str,
 ) -> None:
     caplog.set_level(logging.INFO)
     app = PropagationApp(spark, app_config)
-    app.runner.refusal_wait = 0.5
+    app.runner.refusal_wait = 0.5 if not stopping else 60.0
     query = app.start()
     try:
         ticks_pass(app, 1)
-        with app.runner.halted(60) as between_batches:
+        with app.runner.halted(60, lambda: stopping) as between_batches:
             assert between_batches
-            with pytest.raises(StreamingQueryException, match="arrived while the query stops"):
+            with pytest.raises(StreamingQueryException) as failed:
                 query.awaitTermination(60)
+            message = failed.value.getMessage()
+            assert re.search(error, message, re.MULTILINE), message
+            assert ("InterruptedException" in message) == stopping, message
     finally:
         app.stop_query(query)
         app.shutdown()

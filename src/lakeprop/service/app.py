@@ -287,7 +287,7 @@ class PropagationApp:
         if not query.isActive:
             return
         log.info("stopping query %s", self.config.query_name)
-        with self.runner.halted(timeout) as between_batches:
+        with self.runner.halted(timeout, lambda: not query.isActive) as between_batches:
             if not between_batches:
                 log.warning(
                     "a micro-batch still runs after %.0fs; stopping query %s regardless",

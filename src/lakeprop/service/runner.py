@@ -107,21 +107,29 @@ REFUSAL_WAIT = 10.0
 """Seconds a refused micro-batch waits for ``StreamingQuery.stop()`` to interrupt it."""
 
 
-def await_stop_interrupt(spark: SparkSession, timeout: float) -> Py4JJavaError | None:
+def await_stop_interrupt(
+    spark: SparkSession, timeout: float, stopped: Callable[[], bool]
+) -> Py4JJavaError | None:
     """Sleep in the JVM until the query's ``stop()`` interrupts this callback, or
     ``timeout`` passes; the interrupt as Python sees it, or None.
 
     py4j runs the calls a ``foreachBatch`` callback makes on the JVM thread that
     called it (pinned thread mode, PySpark's default): the query's own thread,
     the one ``stop()`` interrupts. Python code waiting in Python would not see
-    that interrupt, and ``stop()`` would wait for it.
+    that interrupt, and ``stop()`` would wait for it. ``stop()`` may also have
+    interrupted the thread before the batch reached this callback, and a step
+    of the batch taken the interrupt; so once ``stopped`` says the stop has
+    begun (the query no longer active), the thread interrupts itself.
     """
     jvm = spark.sparkContext._jvm
     assert jvm is not None
+    thread = jvm.java.lang.Thread
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            jvm.java.lang.Thread.sleep(50)
+            if stopped():
+                thread.currentThread().interrupt()
+            thread.sleep(50)
     except Py4JJavaError as exc:
         if exc.java_exception.getClass().getName() == "java.lang.InterruptedException":
             return exc
@@ -304,21 +312,24 @@ class Runner:
         self._halted = False
         self.refusal_wait = REFUSAL_WAIT
         """Seconds a micro-batch refused while halted waits for the query's stop."""
+        self._stopped: Callable[[], bool] = lambda: False
 
     @contextmanager
-    def halted(self, timeout: float) -> Iterator[bool]:
+    def halted(self, timeout: float, stopped: Callable[[], bool] = lambda: False) -> Iterator[bool]:
         """Cancel the iterations, wait (up to ``timeout``) for the micro-batch in
         progress, and refuse new ones.
 
         Yields whether it got in between micro-batches. Stopping the query inside
         this block does not interrupt a micro-batch half way (a Delta commit cut
         off by the interrupt). A batch that arrives meanwhile is refused before
-        doing anything: it waits (up to :attr:`refusal_wait`) for the stop, then
-        fails, so its offsets are not committed and a restart replays it. Failed
-        by the stop's interrupt, it ends the query as stopped; with no stop, the
-        query fails. :meth:`resume` lets batches in again.
+        doing anything: it waits (up to :attr:`refusal_wait`) for the stop, which
+        ``stopped`` reports, then fails, so its offsets are not committed and a
+        restart replays it. Failed by the stop's interrupt, it ends the query as
+        stopped; with no stop, the query fails. :meth:`resume` lets batches in
+        again.
         """
         self._halted = True
+        self._stopped = stopped
         # The micro-batch in progress may wait for cores that iterations hold.
         self.scheduler.cancel_all(SHUTTING_DOWN)
         between = self._batch_lock.acquire(timeout=timeout)
@@ -330,6 +341,7 @@ class Runner:
 
     def resume(self) -> None:
         self._halted = False
+        self._stopped = lambda: False
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` callback."""
@@ -384,7 +396,8 @@ class Runner:
                 "micro-batch %d arrived while the query stops: refused, a restart replays it",
                 batch_id,
             )
-            raise refusal(batch_id, await_stop_interrupt(self.spark, self.refusal_wait))
+            interrupt = await_stop_interrupt(self.spark, self.refusal_wait, self._stopped)
+            raise refusal(batch_id, interrupt)
         try:
             yield timed
         finally:
