@@ -5,8 +5,8 @@ deletes). lakeprop keeps K ``replica`` jobs of the first in step: one shared
 read of the change feed per iteration, the K MERGEs at once. The baseline is
 what a Spark user writes today: K streaming queries with ``readChangeFeed``,
 each MERGEing the last change per key into its own replica of the second
-table. Both run warm, one side at a time. The check: every replica of both
-sides equals its source.
+table. One side at a time, each with its replicas already at version 1. The
+check: every replica of both sides equals its source.
 
 Two ways to run it:
 
