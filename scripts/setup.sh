@@ -40,15 +40,18 @@ if ! stamp_ok venv "$ROOT/pyproject.toml"; then
   stamp_write venv "$ROOT/pyproject.toml"
 fi
 
-# 2. Jars for Spark: Delta and the Kafka connector, minus what PySpark ships.
-if ! stamp_ok jars "$ROOT/tools/spark/pom.xml" "$ROOT/pyproject.toml" || [ ! -d "$CACHE/jars" ]; then
+# 2. Jars for Spark: Delta and the Kafka connector, minus what PySpark ships. They
+# depend on the pom and on the PySpark installed, not on the rest of pyproject.toml:
+# an unrelated edit there must not delete them from under a running service.
+pyspark_version=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
+if ! stamp_ok jars "$ROOT/tools/spark/pom.xml" <(echo "$pyspark_version") || [ ! -d "$CACHE/jars" ]; then
   log "resolving Spark packages from Maven Central (first run downloads ~60 MB)"
   rm -rf "$CACHE/jars" "$CACHE/jars-all"
   "${MVN[@]}" -f "$ROOT/tools/spark/pom.xml" dependency:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$CACHE/jars-all"
   "$VENV/bin/python" "$ROOT/scripts/select_jars.py" "$CACHE/jars-all" "$CACHE/jars"
   rm -rf "$CACHE/jars-all"
-  stamp_write jars "$ROOT/tools/spark/pom.xml" "$ROOT/pyproject.toml"
+  stamp_write jars "$ROOT/tools/spark/pom.xml" <(echo "$pyspark_version")
 fi
 
 # 3. The local Kafka broker (KRaft) classpath.
