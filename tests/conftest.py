@@ -20,6 +20,23 @@ from tests.support.spark import local_session
 
 T = TypeVar("T")
 
+_RUN_ORDER = ("unit", "integration", "chaos")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Unit tests first (a second, and no JVM), the chaos test last: it then finds
+    the session's JVM compiled by the tests before it instead of compiling it while
+    it starts its killed services' JVMs beside, and every other test has had its
+    say before its five minutes."""
+
+    def rank(item: pytest.Item) -> int:
+        return next(
+            (i for i, part in enumerate(_RUN_ORDER) if f"tests/{part}/" in item.nodeid),
+            len(_RUN_ORDER),
+        )
+
+    items.sort(key=rank)
+
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
