@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
 from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
+from lakeprop.state.status import JobState
 from lakeprop.tables.probe import DeltaLogProbe
 from tests.support.waiting import assert_eventually
 
@@ -81,12 +83,34 @@ def running(spark: SparkSession, config: AppConfig) -> Iterator[PropagationApp]:
     """The app with a ticking query, stopped (query, then workers) on the way out."""
     app = PropagationApp(spark, config)
     query = app.start()
+    RUNNING[config.state.location] = app
     try:
         yield app
         assert query.exception() is None, query.exception()
     finally:
+        RUNNING.pop(config.state.location, None)
         app.stop_query(query)
         app.shutdown()
+
+
+RUNNING: dict[str, PropagationApp] = {}
+"""The app :func:`running` runs in this process, by state location."""
+
+
+def service_reached(config: AppConfig, key: JobKey, version: int) -> bool:
+    """Whether the app running in this process holds ``key`` completed at ``version``
+    in memory; True when none runs here (the service is another process)."""
+    app = RUNNING.get(config.state.location)
+    if app is None:
+        return True
+    try:
+        rows = app.catalog.rows()
+    except RuntimeError:  # the service changed its rows meanwhile
+        return False
+    return any(
+        r.key == key and r.is_live and r.watermark == version and r.job_state == JobState.COMPLETED
+        for r in rows
+    )
 
 
 def ticks_pass(app: PropagationApp, ticks: int = 3, timeout: float = 60.0) -> None:
@@ -165,7 +189,12 @@ def wait_for_watermark(
     spark: SparkSession, config: AppConfig, key: JobKey, version: int, timeout: float = 90.0
 ) -> Any:
     """The job's row (:func:`job_row`) once the client sees it completed at ``version``.
-    Polls read what the client reads, once per commit to the catalog or history."""
+
+    While the service runs in this process (:func:`running`), its memory is
+    polled first: a poll there costs no Spark job, where a read of the catalog
+    and the history costs several, on the cores the service needs. The client's
+    view is checked after that, as before: reads once per commit to the catalog
+    or history, until it shows the version too."""
 
     def reached() -> Any:
         row = client_row(config, spark, key)
@@ -176,9 +205,12 @@ def wait_for_watermark(
         )
         return row
 
+    deadline = time.monotonic() + timeout
+    while not service_reached(config, key, version) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the service's memory first: polling it costs no Spark job
     row = assert_eventually(
         reached,
-        timeout=timeout,
+        timeout=max(deadline - time.monotonic(), 1.0),
         interval=0.25,
         changes=watches(spark, config, state.CATALOG_TABLE, state.HISTORY_TABLE),
     )
