@@ -193,8 +193,8 @@ def wait_for_watermark(
     While the service runs in this process (:func:`running`), its memory is
     polled first: a poll there costs no Spark job, where a read of the catalog
     and the history costs several, on the cores the service needs. The client's
-    view is checked after that, as before: reads once per commit to the catalog
-    or history, until it shows the version too."""
+    view is checked after that, read once per commit to the catalog or history
+    until it shows the version too."""
 
     def reached() -> Any:
         row = client_row(config, spark, key)
