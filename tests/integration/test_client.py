@@ -15,6 +15,7 @@ from lakeprop.dev.localkafka import free_port
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cli_settings, make_source, run_once
+from tests.support.kafka import read_topic
 from tests.support.specs import replica_spec
 
 pytestmark = pytest.mark.integration
@@ -59,16 +60,10 @@ def test_messages_are_keyed_by_job_so_one_job_stays_on_one_partition(
     assert len({r.partition for r in receipts}) == 1
     assert [r.offset for r in receipts] == sorted(r.offset for r in receipts)
 
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
-        app_config.kafka.topic,
-        bootstrap_servers=app_config.kafka.bootstrap_servers,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    got = [(m.key, json.loads(m.value)) for m in consumer]
-    consumer.close()
+    got = [
+        (key, json.loads(value))
+        for _, key, value in read_topic(app_config.kafka.bootstrap_servers, app_config.kafka.topic)
+    ]
     assert [k for k, _ in got] == [KEY.message_key] * 3
     assert [(v["op"], v["request_id"]) for _, v in got] == [
         ("register", receipts[0].request_id),

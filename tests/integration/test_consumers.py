@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -23,6 +24,7 @@ from tests.integration.helpers import (
     wait_for_watermark,
 )
 from tests.support.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -146,19 +148,10 @@ def test_replica_index_and_a_user_consumer_follow_a_random_workload_sharing_one_
     assert all(row["job_state"] == "completed" for row in rows.values())
 
 
-def read_topic(bootstrap: str, topic: str) -> list[tuple[int, dict, dict]]:
-    """Every message of a topic: (partition, key, value), in partition order."""
-    import json
-
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    try:
-        return [(m.partition, json.loads(m.key), json.loads(m.value)) for m in consumer]
-    finally:
-        consumer.close()
+def read_feed(bootstrap: str, topic: str) -> list[tuple[int, dict, dict]]:
+    """Every message of a change feed topic: (partition, key, value), in partition order."""
+    messages = read_topic(bootstrap, topic)
+    return [(p, json.loads(k) if k is not None else None, json.loads(v)) for p, k, v in messages]
 
 
 def test_the_kafka_changefeed_publishes_every_change_in_version_order_per_key(
@@ -193,7 +186,7 @@ def test_the_kafka_changefeed_publishes_every_change_in_version_order_per_key(
         latest = latest_version(spark, path)
         wait_for_watermark(spark, app_config, key, latest)
 
-    messages = read_topic(app_config.kafka.bootstrap_servers, topic)
+    messages = read_feed(app_config.kafka.bootstrap_servers, topic)
     # one key lives on one partition, and its versions never go backwards there
     partitions: dict[int, set[int]] = {}
     last_version: dict[int, int] = {}

@@ -26,7 +26,7 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, latest_version, running, wait_for_watermark
-from tests.integration.test_consumers import read_topic
+from tests.integration.test_consumers import read_feed
 from tests.support.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 from tests.support.workload import SCHEMA, Workload
 
@@ -158,7 +158,7 @@ def test_every_version_of_every_sink_equals_the_batch_computation_at_its_source_
                 ) from exc
 
     # the change feed, replayed up to any source version, gives the source at that version
-    messages = read_topic(app_config.kafka.bootstrap_servers, feed_topic)
+    messages = read_feed(app_config.kafka.bootstrap_servers, feed_topic)
     first = min(v["version"] for _, _, v in messages)
     for version in range(first, latest + 1):
         state: dict[int, tuple[Any, ...]] = {}
