@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop import faults
@@ -763,6 +763,15 @@ gc_retention = "4s"
             for r in self._state(state.CATALOG_TABLE).where("drop_at IS NULL").collect()
         }
         self.differ("live jobs", sorted(map(str, self.specs)), sorted(map(str, catalog)))
+        successes: dict[int, list[Row]] = {}  # the jobs' successful iterations, read once
+        for member in (
+            self._state(state.HISTORY_TABLE)
+            .select("kind", "to_version", F.explode("members").alias("m"))
+            .where(F.col("m.error_code") == 0)
+            .select("kind", "m.job_id", "m.consumer_digest", "m.from_version", "to_version")
+            .collect()
+        ):
+            successes.setdefault(member["job_id"], []).append(member)
         for key, spec in self.specs.items():
             row = catalog.get(key)
             if row is None:
@@ -771,7 +780,7 @@ gc_retention = "4s"
             self.differ(f"{key} spec", JobSpec.from_json(spec).canonical(), row["job_spec"])
             self.differ(f"{key} state", "completed", row["job_state"])
             self.check_target(key, spec, row["watermark"])
-            self.check_history(key, spec, row["job_id"], row["watermark"])
+            self.check_history(key, spec, successes.get(row["job_id"], []), row["watermark"])
 
     def fold_bulks(self) -> None:
         """Every bulk operation ended and none of its tasks is left to run; each
@@ -835,22 +844,18 @@ gc_retention = "4s"
                 f"{len(set(map(str, want)) ^ set(map(str, actual)))} row(s) differ"
             )
 
-    def check_history(self, key: JobKey, spec: dict[str, Any], job_id: int, watermark: int) -> None:
-        """The job's successful iterations since its consumer's last change (a resync
-        starts a new generation with a snapshot) chain without gap or overlap."""
+    def check_history(
+        self, key: JobKey, spec: dict[str, Any], successes: list[Row], watermark: int
+    ) -> None:
+        """The job's successful iterations (``successes``) since its consumer's last
+        change (a resync starts a new generation with a snapshot) chain without gap
+        or overlap."""
         digest = consumer_digest(JobSpec.from_json(spec).iteration.consumer.canonical())
-        members = (
-            self._state(state.HISTORY_TABLE)
-            .select("kind", "to_version", F.explode("members").alias("m"))
-            .where(
-                (F.col("m.job_id") == job_id)
-                & (F.col("m.error_code") == 0)
-                & (F.col("m.consumer_digest") == digest)
-            )
-            .select("kind", "m.from_version", "to_version")
-            .collect()
+        chain = sorted(
+            (r["to_version"], r["kind"], r["from_version"])
+            for r in successes
+            if r["consumer_digest"] == digest
         )
-        chain = sorted((r["to_version"], r["kind"], r["from_version"]) for r in members)
         previous: int | None = None
         for to_version, kind, from_version in chain:
             if kind == "snapshot":
