@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _all(pool: ThreadPoolExecutor, *steps: Callable[[], None]) -> None:
+def _all(pool: ThreadPoolExecutor, *steps: Callable[[], object]) -> None:
     """Run ``steps`` on ``pool`` and wait for them all; the first failure is raised."""
     for future in [pool.submit(step) for step in steps]:
         future.result()
@@ -281,6 +281,10 @@ class PropagationApp:
         lines = str(exception).strip().splitlines()
         return lines[0][:500] if lines else type(exception).__name__
 
+    def _write_catalog(self) -> None:
+        self.catalog.commit_staged()
+        self.catalog.flush()
+
     def stop_query(self, query: StreamingQuery, timeout: float = 120.0) -> None:
         """Stop the query between micro-batches: the one in progress finishes first
         (for at most ``timeout`` seconds, then the query is stopped regardless)."""
@@ -299,14 +303,20 @@ class PropagationApp:
     def shutdown(self) -> None:
         """Cancel running iterations, record what finished, stop the workers, unlock.
 
-        Call it once the query has stopped.
+        Call it once the query has stopped. What finished is in the history by
+        then; the catalog, usage and accounts tables are then brought level with
+        it at once, as none of the three reads another (a crash in between
+        leaves each to its own catch-up at the next start).
         """
         if self.scheduler.started:
             self.runner.record_results(self.scheduler.shutdown())
-            self.catalog.commit_staged()
-            self.catalog.flush()  # the table shows where every job stopped
-            self.usage.refresh()
-            self.runner.housekeeping.publish_accounts(self.runner.clock())  # nothing queued now
+            with ThreadPoolExecutor(3, "lakeprop-shutdown") as pool:
+                _all(
+                    pool,
+                    self._write_catalog,  # the table shows where every job stopped
+                    self.usage.refresh,
+                    lambda: self.runner.housekeeping.publish_accounts(self.runner.clock()),
+                )
         if self.notices is not None:
             self.notices.stop()
         if self.metrics is not None:
