@@ -47,6 +47,7 @@ _DURATIONS = {
     "identity_check_interval",
     "gc_retention",
     "sweep_interval",
+    "lock_wait",
 }
 """Settings given as durations ("10s", "5m", "1h"); each must be positive."""
 
@@ -116,6 +117,9 @@ class StateConfig:
 
     location: str = ".lakeprop/state"
     checkpoint_location: str = ".lakeprop/checkpoint"
+    lock_wait: float = 20.0
+    """Seconds a start waits for the checkpoint's lock held by another process (a
+    crashed instance may still be exiting) before it refuses."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "location", _absolute(self.location))

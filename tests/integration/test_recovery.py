@@ -3,9 +3,14 @@ sources dropped or replaced, targets dropped or altered, a fuzzed change log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -44,10 +49,62 @@ def test_a_second_instance_on_the_same_checkpoint_refuses_to_start(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
     with running(spark, app_config):
-        second = PropagationApp(spark, app_config)
-        with pytest.raises(CheckpointInUseError, match="in use by another lakeprop instance"):
+        impatient = replace(app_config, state=replace(app_config.state, lock_wait=0.5))
+        second = PropagationApp(spark, impatient)
+        with pytest.raises(
+            CheckpointInUseError, match=r"in use by another lakeprop instance .*\(waited 0.5s\)"
+        ):
             second.start()
     run_once(spark, app_config)  # the lock went with the first instance
+
+
+def test_a_start_waits_for_the_lock_of_an_instance_killed_a_moment_ago(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL returns before the process has exited, and waiting for a parent does not
+    wait for its children: a restart right after a crash can find the lock still held."""
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    lock_file = checkpoint / "lakeprop.service.lock"
+    holder = (  # a script whose child takes the lock, as spark-submit's driver does
+        "import fcntl, json, os, time\n"
+        f"handle = open({str(lock_file)!r}, 'a+')\n"
+        "fcntl.flock(handle, fcntl.LOCK_EX)\n"
+        "handle.write(json.dumps({'pid': os.getpid()}))\n"
+        "handle.flush()\n"
+        "time.sleep(600)\n"
+    )
+    script = subprocess.Popen(
+        ["bash", "-c", f'{sys.executable} -c "$0" & wait', holder], start_new_session=True
+    )
+    errors: list[BaseException] = []
+
+    def restart() -> None:
+        try:
+            CheckpointLock(spark, str(checkpoint), wait=120.0).acquire()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def held_by_the_child() -> None:
+        assert lock_file.exists() and '"pid"' in lock_file.read_text()
+
+    def waiting_for_it() -> None:
+        assert any("waiting up to 120s" in r.getMessage() for r in caplog.records)
+
+    try:
+        assert_eventually(held_by_the_child, timeout=60, interval=0.05)
+        caplog.set_level(logging.WARNING, logger="lakeprop.service.lock")
+        starting = threading.Thread(target=restart)
+        starting.start()
+        assert_eventually(waiting_for_it, timeout=60, interval=0.05)
+        os.killpg(script.pid, signal.SIGKILL)  # the script and its child
+        script.wait()
+        starting.join(timeout=150)
+        assert not starting.is_alive() and errors == []
+        assert json.loads(lock_file.read_text())["pid"] == os.getpid()  # written on taking it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
 
 
 def test_a_lease_on_a_hadoop_file_system_checkpoint(spark: SparkSession, tmp_path: Path) -> None:

@@ -96,7 +96,9 @@ class PropagationApp:
         )
         self.query_failures = 0
         """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
-        self.lock = CheckpointLock(spark, config.state.checkpoint_location)
+        self.lock = CheckpointLock(
+            spark, config.state.checkpoint_location, wait=config.state.lock_wait
+        )
         self._locked = False
         notifications = config.notifications
         self.dirty = DirtyTables(notifications.sweep_interval) if notifications.enabled else None

@@ -3,7 +3,8 @@
 Two instances on one checkpoint would both apply the change log and both run
 iterations, racing on every state table. The first instance to start takes a
 lock in the checkpoint directory; a second one refuses to start, naming the
-holder.
+holder, once the holder has kept the lock for ``wait`` seconds (a restarted
+instance may find its crashed predecessor's process still exiting).
 
 * A local checkpoint (a plain path) gets an exclusive ``flock`` on
   ``<checkpoint>/lakeprop.service.lock``. The kernel drops it when the holder dies,
@@ -79,10 +80,13 @@ def _refusal(location: str, holder: dict[str, Any]) -> CheckpointInUseError:
 class CheckpointLock:
     """Held from :meth:`acquire` to :meth:`release` (or the end of the process)."""
 
-    def __init__(self, spark: SparkSession, location: str, ttl: float = 60.0) -> None:
+    def __init__(
+        self, spark: SparkSession, location: str, ttl: float = 60.0, wait: float = 0.0
+    ) -> None:
         self.spark = spark
         self.location = (shared_uri(location) or location).rstrip("/")
         self.ttl = ttl
+        self.wait = wait
         self.me = _owner()
         self._file: IO[str] | None = None
         self._stop = threading.Event()
@@ -94,10 +98,28 @@ class CheckpointLock:
         return "://" not in self.location and not self.location.split("/", 1)[0].endswith(":")
 
     def acquire(self) -> None:
-        if self.local:
-            self._acquire_flock()
-        else:
-            self._acquire_lease()
+        """Take the lock, waiting up to :attr:`wait` seconds for a holder to let go.
+
+        A process killed a moment ago may still hold it: SIGKILL returns before the
+        process has exited, and a supervisor that waited for its parent alone
+        restarts the service within that moment.
+        """
+        take = self._acquire_flock if self.local else self._acquire_lease
+        deadline = time.monotonic() + self.wait
+        waiting = False
+        while True:
+            try:
+                take()
+                return
+            except CheckpointInUseError as exc:
+                if time.monotonic() >= deadline:
+                    if not waiting:
+                        raise
+                    raise CheckpointInUseError(f"{exc} (waited {self.wait:g}s)") from None
+                if not waiting:
+                    log.warning("%s; waiting up to %gs for it to be released", exc, self.wait)
+                    waiting = True
+            time.sleep(0.1 if self.local else min(1.0, self.ttl / 10))
 
     def release(self) -> None:
         if self._file is not None:
