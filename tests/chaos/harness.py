@@ -779,6 +779,9 @@ gc_retention = "4s"
             self.differ(f"{key} job id", self.job_ids[key], row["job_id"])
             self.differ(f"{key} spec", JobSpec.from_json(spec).canonical(), row["job_spec"])
             self.differ(f"{key} state", "completed", row["job_state"])
+            if row["watermark"] is None:  # never synced: nothing to compare with
+                self.report.differences.append(f"{key}: no watermark")
+                continue
             self.check_target(key, spec, row["watermark"])
             self.check_history(key, spec, successes.get(row["job_id"], []), row["watermark"])
 
