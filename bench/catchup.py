@@ -20,7 +20,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import Result, app_config, cdf_table, diy_merge, same_rows, stopwatch
+from bench.common import Figure, Result, app_config, cdf_table, diy_merge, same_rows, stopwatch
 from lakeprop.engine.iteration import run_iteration
 from lakeprop.engine.model import (
     CancelToken,
@@ -125,11 +125,11 @@ def run(
             "replicas": replicas,
             "repeats": repeats,
         },
-        {
-            "lakeprop_s": ours_s,
-            "plain_merge_s": theirs_s,
-            "speed_vs_merge": theirs_s / ours_s,
-            "lakeprop_spark_jobs": result.spark_jobs,
-        },
+        [
+            Figure("catch-up time", "s", ours_s, theirs_s),
+            Figure("speed vs plain MERGE", "ratio", theirs_s / ours_s),
+            Figure("Spark jobs", "count", result.spark_jobs),
+        ],
         {"lakeprop_replica_equals_source": ours_ok, "merge_replica_equals_source": theirs_ok},
+        baseline=f"{replicas} plain Delta MERGE(s) of the same changes, at once",
     )

@@ -7,7 +7,7 @@ import resource
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,26 +22,74 @@ from lakeprop.consumers.changes import latest_change_per_key
 SCHEMA = "id INT, name STRING, amount DOUBLE"
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One measured quantity: lakeprop's value and, where the benchmark runs one,
+    its baseline's, in ``unit`` (``s``, ``ms``, ``per_s``, ``MiB``, ``count``,
+    ``ratio``)."""
+
+    name: str
+    unit: str
+    lakeprop: float | int
+    baseline: float | int | None = None
+
+    def show(self) -> str:
+        text = f"{self.name}: {_fmt(self.lakeprop)} {self.unit}"
+        if self.baseline is not None:
+            text += f" (baseline {_fmt(self.baseline)} {self.unit}"
+            if self.baseline and self.unit not in ("ratio", "count"):
+                text += f", ratio {self.lakeprop / self.baseline:.2f}"
+            text += ")"
+        return text
+
+
 @dataclass
 class Result:
-    """One benchmark's figures, printed as a table and kept as JSON."""
+    """One benchmark's figures, printed as a table and kept as data: one JSON record
+    per figure in ``bench/results/`` (:func:`records`)."""
 
     name: str
     sizes: dict[str, Any]
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: list[Figure] = field(default_factory=list)
     checks: dict[str, bool] = field(default_factory=dict)
+    baseline: str = ""
+    """What the baseline side is, in a few words ("" when there is none)."""
 
     def show(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         lines = [f"## {self.name} ({sizes})"]
-        lines += [f"  {k}: {_fmt(v)}" for k, v in self.figures.items()]
+        if self.baseline:
+            lines.append(f"  baseline: {self.baseline}")
+        lines += [f"  {figure.show()}" for figure in self.figures]
         lines += [f"  check {k}: {'ok' if v else 'FAILED'}" for k, v in self.checks.items()]
         return "\n".join(lines)
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {"name": self.name, "sizes": self.sizes, "figures": self.figures, "checks": self.checks}
-        )
+    def values(self) -> dict[str, float | int]:
+        """Every measured value by name (the baseline's as ``<name>.baseline``)."""
+        out: dict[str, float | int] = {}
+        for figure in self.figures:
+            out[figure.name] = figure.lakeprop
+            if figure.baseline is not None:
+                out[f"{figure.name}.baseline"] = figure.baseline
+        return out
+
+    def records(self, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One record per figure, each with the run's ``context`` (when, where, which
+        stack and commit, which size) and this benchmark's sizes and checks."""
+        return [
+            {
+                **context,
+                "benchmark": self.name,
+                "sizes": self.sizes,
+                "figure": figure.name,
+                "unit": figure.unit,
+                "lakeprop": figure.lakeprop,
+                "baseline": figure.baseline,
+                "baseline_is": self.baseline or None,
+                "checks_passed": all(self.checks.values()),
+            }
+            for figure in self.figures
+        ]
 
 
 def _fmt(value: Any) -> str:

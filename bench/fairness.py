@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from bench.common import SCHEMA, Result, app_config, cdf_table, wait_until
+from bench.common import SCHEMA, Figure, Result, app_config, cdf_table, wait_until
 from lakeprop.client.api import LakepropClient
 from lakeprop.engine.policy import priority_first
 from lakeprop.service.app import PropagationApp
@@ -91,11 +91,10 @@ def run(
     return Result(
         "fairness",
         {"backlog": backlog, "workers": 2, "first": "fifo" if fifo_first else "fair"},
-        {
-            "b_first_sync_fair_s": fair_b,
-            "b_first_sync_fifo_s": fifo_b,
-            "a_backlog_drained_fair_s": fair_a,
-            "a_backlog_drained_fifo_s": fifo_a,
-        },
+        [
+            Figure("other account's first sync", "s", fair_b, fifo_b),
+            Figure("backlog drained", "s", fair_a, fifo_a),
+        ],
         {"fair_share_in_sync": fair_ok, "fifo_in_sync": fifo_ok},
+        baseline="the same service scheduling first come, first served",
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import SCHEMA, Result, app_config, cdf_table, stopwatch, wait_until
+from bench.common import SCHEMA, Figure, Result, app_config, cdf_table, stopwatch, wait_until
 from lakeprop.client.api import LakepropClient
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
@@ -68,15 +68,15 @@ def run(spark: SparkSession, workdir: Path, bootstrap_servers: str, jobs: int = 
     return Result(
         "registration",
         {"jobs": jobs, "tables": tables},
-        {
-            "send_s": sent[0],
-            "service_start_s": started[0],
-            "apply_s": applied[0],
-            "applied_per_s": jobs / applied[0],
-            "batches_with_messages": len(busy),
-            "log_phase_s": sum(t.phases["log"] for t in busy),
-            "catalog_phase_s": sum(t.phases.get("catalog", 0.0) for t in busy),
-        },
+        [
+            Figure("registrations applied", "per_s", jobs / applied[0]),
+            Figure("send", "s", sent[0]),
+            Figure("service start", "s", started[0]),
+            Figure("apply", "s", applied[0]),
+            Figure("micro-batches with messages", "count", len(busy)),
+            Figure("log phase", "s", sum(t.phases["log"] for t in busy)),
+            Figure("catalog phase", "s", sum(t.phases.get("catalog", 0.0) for t in busy)),
+        ],
         {
             "every_message_applied": outcomes == {"applied": jobs},
             "every_job_in_the_catalog": len([r for r in app.catalog.rows() if r.is_live]) == jobs,

@@ -2,7 +2,9 @@
 
 Each benchmark runs lakeprop and its baseline side by side in this one process
 (one Spark session, one local broker) and checks that both produced the same
-tables. Figures are printed and appended to ``.lakeprop/bench/results.jsonl``.
+tables. Figures are printed, and appended as data, one JSON record per figure,
+to ``bench/results/<date>-<machine>.jsonl`` (:mod:`bench.results`; ``--no-record``
+leaves them out, ``--results DIR`` writes elsewhere).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import argparse
 import logging
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import catchup, fairness, fanout, latency, recent, registration, scale  # noqa: E402
+from bench import (  # noqa: E402
+    catchup,
+    fairness,
+    fanout,
+    latency,
+    recent,
+    registration,
+    results,
+    scale,
+)
 from bench.common import Result  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
 from tests.support.spark import local_session  # noqa: E402
@@ -76,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME.PARAM=N",
         help="override one size, e.g. scale.jobs=3000",
     )
+    parser.add_argument("--no-record", action="store_true", help="print the figures only")
+    parser.add_argument(
+        "--results", type=Path, default=results.RESULTS, help="where the results files go"
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(BENCHMARKS))
     if unknown:
@@ -86,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         target, _, value = item.partition("=")
         name, _, param = target.partition(".")
         sizes[name][param] = int(value)
-    out = ROOT / ".lakeprop" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
     spark = local_session("lakeprop-bench")
     workdir = Path(tempfile.mkdtemp(prefix="lakeprop-bench-"))
     broker = LocalKafka(workdir / "kafka").start()
+    context = results.run_context(spark, args.size, broker.classpath())
+    target = results.results_file(args.results)
     failed = False
     try:
         for name in args.names or list(BENCHMARKS):
@@ -98,12 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                 spark, workdir / name, broker.bootstrap_servers, **sizes[name]
             )
             print(result.show(), flush=True)
-            with open(out / "results.jsonl", "a") as handle:
-                handle.write(f'{{"at": {time.time():.0f}, "result": {result.to_json()}}}\n')
+            if not args.no_record:
+                results.append(result.records(context), target)
             failed |= not all(result.checks.values())
     finally:
         broker.stop()
         spark.stop()
+    if not args.no_record:
+        print(f"figures appended to {target}", flush=True)
     return 1 if failed else 0
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from bench.common import Result, app_config, cdf_table, peak_rss_mb, percentile
+from bench.common import Figure, Result, app_config, cdf_table, peak_rss_mb, percentile
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import SELECTION_JOB_GROUP
@@ -140,24 +140,28 @@ def run(
             "ticks": ticks,
             "notifications": bool(notifications),
         },
-        {
-            "tick_p50_s": percentile(totals, 0.5),
-            "tick_p95_s": percentile(totals, 0.95),
-            "selection_p50_s": phase("selection", 0.5),
-            "selection_p95_s": phase("selection", 0.95),
-            "selection_per_table_p50_ms": phase("selection", 0.5) / tables * 1000,
-            "tables_probed_per_tick_p50": percentile([float(p) for p in probes], 0.5),
-            "log_p50_s": phase("log", 0.5),
-            "catalog_p50_s": phase("catalog", 0.5),
-            "catalog_p95_s": phase("catalog", 0.95),
-            "housekeeping_p50_s": phase("housekeeping", 0.5),
-            "housekeeping_max_s": max(t.phases.get("housekeeping", 0.0) for t in timings),
-            "results_p50_s": phase("results", 0.5),
-            "results_p95_s": phase("results", 0.95),
-            "spark_jobs_in_selection": selection_jobs,
-            "log_batches_collected": runner.log_collects,
-            "driver_peak_rss_mib": round(peak_rss_mb(), 1),
-        },
+        [
+            Figure("tick p50", "s", percentile(totals, 0.5)),
+            Figure("tick p95", "s", percentile(totals, 0.95)),
+            Figure("selection p50", "s", phase("selection", 0.5)),
+            Figure("selection p95", "s", phase("selection", 0.95)),
+            Figure("selection per table p50", "ms", phase("selection", 0.5) / tables * 1000),
+            Figure(
+                "tables probed per tick p50", "count", percentile([float(p) for p in probes], 0.5)
+            ),
+            Figure("log phase p50", "s", phase("log", 0.5)),
+            Figure("catalog phase p50", "s", phase("catalog", 0.5)),
+            Figure("catalog phase p95", "s", phase("catalog", 0.95)),
+            Figure("housekeeping p50", "s", phase("housekeeping", 0.5)),
+            Figure(
+                "housekeeping max", "s", max(t.phases.get("housekeeping", 0.0) for t in timings)
+            ),
+            Figure("results phase p50", "s", phase("results", 0.5)),
+            Figure("results phase p95", "s", phase("results", 0.95)),
+            Figure("Spark jobs in selection", "count", selection_jobs),
+            Figure("log batches collected", "count", runner.log_collects),
+            Figure("driver peak RSS", "MiB", round(peak_rss_mb(), 1)),
+        ],
         {
             "every_watermark_at_its_tables_latest_version": synced,
             "no_spark_job_in_selection": selection_jobs == 0,

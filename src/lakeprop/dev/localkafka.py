@@ -104,7 +104,8 @@ class LocalKafka:
     def log_file(self) -> Path:
         return self.data_dir / "broker.log"
 
-    def _classpath(self) -> str:
+    def classpath(self) -> str:
+        """The broker's Java classpath, as `scripts/setup.sh` resolved it."""
         if not CLASSPATH_FILE.is_file():
             raise BrokerError(
                 f"{CLASSPATH_FILE} is missing: run scripts/setup.sh to fetch the Kafka broker"
@@ -149,7 +150,7 @@ class LocalKafka:
             "-Xmx512m",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",
             "-cp",
-            self._classpath(),
+            self.classpath(),
             *args,
         ]
 
