@@ -18,16 +18,25 @@ unit: setup ## the fast unit tests only (no Spark, no broker)
 	$(VENV)/bin/pytest tests/unit -q
 
 lint: setup ## ruff and mypy
-	$(VENV)/bin/ruff check src tests jobs scripts bench
-	$(VENV)/bin/ruff format --check src tests jobs scripts bench
+	$(VENV)/bin/ruff check src tests jobs scripts bench devkit
+	$(VENV)/bin/ruff format --check src tests jobs scripts bench devkit
 	$(VENV)/bin/mypy
 
 format: setup ## apply ruff's formatting and import order
-	$(VENV)/bin/ruff check --fix src tests jobs scripts bench
-	$(VENV)/bin/ruff format src tests jobs scripts bench
+	$(VENV)/bin/ruff check --fix src tests jobs scripts bench devkit
+	$(VENV)/bin/ruff format src tests jobs scripts bench devkit
 
 bench: setup ## the benchmark suite, lakeprop beside its baseline (SIZE=smoke|default|full)
 	$(VENV)/bin/python -m bench.run --size $(or $(SIZE),default)
+
+docs: setup ## serve the docs site on http://127.0.0.1:8000
+	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
+reference: setup ## regenerate the docs' reference pages from the code
+	$(VENV)/bin/python -m devkit.reference
+
+bench-report: setup ## regenerate the docs' benchmarks page and plots from bench/results
+	$(VENV)/bin/python -m bench.report
 
 chaos: setup ## the chaos harness: kill the service at every fault point, restart, check
 	scripts/chaos.sh
@@ -41,7 +50,8 @@ broker-stop: ## stop the local development broker
 clean-state: ## delete local state, checkpoint, warehouse and broker data (.lakeprop)
 	rm -rf .lakeprop
 
-.PHONY: help setup run test unit lint format bench chaos broker-start broker-stop clean-state
+.PHONY: help setup run test unit lint format bench bench-report docs reference chaos \
+	broker-start broker-stop clean-state notebooks
 
 notebooks: setup ## open the notebooks in JupyterLab (installs it into .venv once)
 	$(VENV)/bin/python -c "import jupyterlab" 2>/dev/null || $(VENV)/bin/pip install -q jupyterlab

@@ -8,9 +8,12 @@
 #   ./spark-submit.sh --master yarn --deploy-mode cluster --config conf/cluster.toml \
 #       [--conf spark.x=y ...] [--set section.key=value ...]
 #       Cluster: ships the library as a wheel (--py-files), the config with --files,
-#       and Delta + the Kafka connector by Maven coordinates (--packages), or, with
-#       --jars-dir DIR, the jars in DIR (pre-fetched: no Ivy resolution at submit;
-#       `scripts/setup.sh` leaves them in .cache/jars).
+#       and Delta + the Kafka connector by Maven coordinates (--packages, chosen for the
+#       installed PySpark by lakeprop.stack), or, with --jars-dir DIR, the jars in DIR
+#       (pre-fetched: no Ivy resolution at submit; `scripts/setup.sh` leaves them in
+#       .cache/jars).
+#
+#   LAKEPROP_STACK=floor runs on the floor stack (.venv-floor and its jars).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
@@ -33,16 +36,17 @@ while [ $# -gt 0 ]; do
 done
 
 bash scripts/setup.sh
-VENV="${LAKEPROP_VENV:-$ROOT/.venv}"
+STACK="${LAKEPROP_STACK:-default}"
+VENV="${LAKEPROP_VENV:-$ROOT/$(python3 src/lakeprop/stack.py venv "$STACK")}"
+STACK_JARS="$ROOT/$(python3 src/lakeprop/stack.py jars "$STACK")"
 export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
-
-PACKAGES="io.delta:delta-spark_4.0_2.13:4.3.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0"
+PACKAGES="$("$VENV/bin/python" -m lakeprop.stack packages)"
 
 if [ -z "$MASTER" ] || [[ "$MASTER" == local* ]]; then
-  # Local: jars from .cache/jars (resolved by setup), no network needed.
+  # Local: the stack's jars (resolved by setup), no network needed.
   CONFIG="${CONFIG:-conf/local.toml}"
   [ -n "$MASTER" ] || SUBMIT+=(--master "local[2]")
-  JARS="$(ls "$ROOT"/.cache/jars/*.jar | paste -sd, -)"
+  JARS="$(ls "$STACK_JARS"/*.jar | paste -sd, -)"
   SUBMIT+=(--jars "$JARS" --driver-memory 2g)
   APP_ARGS=(--config "$CONFIG")
 else

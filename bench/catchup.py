@@ -33,6 +33,9 @@ from lakeprop.engine.model import (
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.resolve import Tables
 
+TITLE = "catch-up"
+"""The benchmark's name in its results."""
+
 
 def run(
     spark: SparkSession,
@@ -118,7 +121,7 @@ def run(
             theirs_ok &= same_rows(spark.read.format("delta").load(target), source)
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     return Result(
-        "catch-up",
+        TITLE,
         {
             "rows": rows,
             "change_rows": rows + rows // 2 + rows // 10,

@@ -24,6 +24,9 @@ from lakeprop.engine.policy import priority_first
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 
+TITLE = "fairness"
+"""The benchmark's name in its results."""
+
 SPEC = {
     "trigger": {"kind": "default"},
     "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
@@ -89,7 +92,7 @@ def run(
     }
     (fair_b, fair_a, fair_ok), (fifo_b, fifo_a, fifo_ok) = sides[True], sides[False]
     return Result(
-        "fairness",
+        TITLE,
         {"backlog": backlog, "workers": 2, "first": "fifo" if fifo_first else "fair"},
         [
             Figure("other account's first sync", "s", fair_b, fifo_b),

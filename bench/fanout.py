@@ -54,6 +54,10 @@ Step = tuple[list[int], list[int], list[int], float]
 """One commit: ids updated, ids deleted, ids inserted, and a salt for the new values."""
 
 
+TITLE = "fan-out"
+"""The benchmark's name in its results."""
+
+
 def seeded_commits(rows: int, commits: int, changes: int, seed: int) -> list[Step]:
     """Commits to apply alike to both sources: a third updates, deletes, inserts each."""
     rng = random.Random(seed)
@@ -138,7 +142,7 @@ def run(
         for i in range(k)
     )
     return Result(
-        "fan-out",
+        TITLE,
         {
             "replicas": k,
             "rows": rows,

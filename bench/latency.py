@@ -44,6 +44,9 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 
+TITLE = "latency"
+"""The benchmark's name in its results."""
+
 ROWS = 200
 
 
@@ -105,7 +108,7 @@ def run(
     baseline = _latencies(committed, _diy_visible(workdir / "diy" / "checkpoint", merged))
     src = spark.read.format("delta").load(source)
     return Result(
-        "latency",
+        TITLE,
         {"tick_s": tick, "commits": commits, "gap_ms": gap_ms, "changes_per_commit": changes},
         [
             Figure("commit to sink p50", "s", percentile(lakeprop, 0.5), percentile(baseline, 0.5)),

@@ -34,6 +34,9 @@ from lakeprop.engine.model import (
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.resolve import Tables
 
+TITLE = "recent keys"
+"""The benchmark's name in its results."""
+
 
 def run(
     spark: SparkSession,
@@ -110,7 +113,7 @@ def run(
         theirs_ok &= same_rows(spark.read.format("delta").load(mine), source)
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     return Result(
-        "recent keys",
+        TITLE,
         {"rows": rows, "files": files, "changed_keys": changes + changes, "repeats": repeats},
         [
             Figure("tail time", "s", ours_s, theirs_s),

@@ -23,6 +23,9 @@ from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 from lakeprop.state import store
 
+TITLE = "registration"
+"""The benchmark's name in its results."""
+
 
 def run(spark: SparkSession, workdir: Path, bootstrap_servers: str, jobs: int = 1000) -> Result:
     tables = max(1, jobs // 5)
@@ -66,7 +69,7 @@ def run(spark: SparkSession, workdir: Path, bootstrap_servers: str, jobs: int = 
     outcomes = {r["outcome"]: r["n"] for r in verdicts}
     busy = [t for t in app.runner.timings if t.phases.get("log", 0.0) > 0.5]
     return Result(
-        "registration",
+        TITLE,
         {"jobs": jobs, "tables": tables},
         [
             Figure("registrations applied", "per_s", jobs / applied[0]),

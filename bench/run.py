@@ -31,8 +31,8 @@ from bench import (  # noqa: E402
     scale,
 )
 from bench.common import Result  # noqa: E402
+from devkit.spark import local_session  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
-from tests.support.spark import local_session  # noqa: E402
 
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {

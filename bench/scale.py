@@ -15,7 +15,7 @@ tick the benchmark writes the offset log entry Spark would for a quiet change
 log, so the tick reads it and skips the collect, as in the running query
 (``log_batches_collected`` counts the ones it collected: the first only).
 
-The baseline is what the mission sets, not a DIY run: N streaming queries do
+The baseline is a target, not a DIY run: N streaming queries do
 not fit one driver at these sizes. The check: after the last tick every job's
 watermark equals its table's latest version, and no Spark job ran in the
 selection phase.
@@ -41,6 +41,9 @@ from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState
 from lakeprop.tables.probe import DeltaLogProbe
+
+TITLE = "scale"
+"""The benchmark's name in its results."""
 
 SPEC = JobSpec.from_json(
     {
@@ -132,7 +135,7 @@ def run(
     phase = lambda name, q: percentile([t.phases.get(name, 0.0) for t in timings], q)  # noqa: E731
     selection_jobs = len(tracker.getJobIdsForGroup(SELECTION_JOB_GROUP))
     return Result(
-        "scale",
+        TITLE,
         {
             "jobs": jobs,
             "tables": tables,

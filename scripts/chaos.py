@@ -11,10 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devkit.chaos import Chaos, ChaosSettings  # noqa: E402
+from devkit.spark import local_session  # noqa: E402
 from lakeprop import faults  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
-from tests.chaos.harness import Chaos, ChaosSettings  # noqa: E402
-from tests.support.spark import local_session  # noqa: E402
 
 
 def main() -> int:

@@ -14,9 +14,9 @@ from typing import TypeVar
 import pytest
 from pyspark.sql import SparkSession
 
+from devkit.spark import local_session
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
 from lakeprop.dev.localkafka import LocalKafka
-from tests.support.spark import local_session
 
 T = TypeVar("T")
 
@@ -36,6 +36,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
     items.sort(key=rank)
+    for item in items:
+        if "tests/unit/" in item.nodeid:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

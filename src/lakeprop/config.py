@@ -74,13 +74,21 @@ class KafkaConfig:
     """The change log topic and how to reach it."""
 
     bootstrap_servers: str = LOCAL_BOOTSTRAP
+    """The brokers of the change log (and of the notifications topic)."""
     topic: str = "lakeprop.changelog"
+    """The change log topic."""
     topic_partitions: int = 3
+    """Partitions of the change log when the service creates it."""
     create_topic: bool = True
+    """Create the change log at start if it is missing (infinite retention)."""
     starting_offsets: str = "earliest"
+    """Where a query without a checkpoint starts reading: ``earliest`` or ``latest``."""
     max_offsets_per_trigger: int = 10_000
+    """Change log messages read per micro-batch at most."""
     max_message_bytes: int = 1_048_576
+    """Larger change log messages are rejected (10107)."""
     delivery_timeout: float = 30.0
+    """How long the client waits for the broker to confirm a message."""
     options: Mapping[str, str] = field(default_factory=dict)
     """Extra Kafka client properties (security.protocol, sasl.*): used by both the
     Spark source (prefixed ``kafka.``) and the producer of the client."""
@@ -105,7 +113,9 @@ class LocalBrokerConfig:
     """The embedded development broker (local runs only)."""
 
     enabled: bool = False
+    """Start the embedded broker with the service (``conf/local.toml``)."""
     data_dir: str = ".lakeprop/kafka"
+    """Where the embedded broker keeps its data."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", _absolute(self.data_dir))
@@ -116,7 +126,9 @@ class StateConfig:
     """Where the service keeps its own Delta tables and the stream checkpoint."""
 
     location: str = ".lakeprop/state"
+    """Where the service's Delta tables are (catalog, history, requests, rejects, ...)."""
     checkpoint_location: str = ".lakeprop/checkpoint"
+    """The streaming query's checkpoint (the change log's offsets) and the instance lock."""
     lock_wait: float = 20.0
     """Seconds a start waits for the checkpoint's lock held by another process (a
     crashed instance may still be exiting) before it refuses."""
@@ -139,8 +151,12 @@ class TablesConfig:
     """
 
     resolution: str = "path"
+    """``path``: a source is ``<warehouse>/<database>/<table>``; ``metastore``:
+    ``database.table`` in the session catalog."""
     warehouse: str = ".lakeprop/warehouse"
+    """The root of path-resolved tables."""
     catalog: str | None = None
+    """The Unity Catalog of metastore-resolved tables (none: the session's default)."""
 
     def __post_init__(self) -> None:
         if self.resolution not in ("path", "metastore"):
@@ -153,12 +169,15 @@ class SparkConfig:
     """How entry points build the SparkSession (ignored where one already exists)."""
 
     app_name: str = "lakeprop"
+    """The Spark application's name."""
     master: str | None = None
+    """Spark master URL (none: what ``spark-submit`` or the runtime gives)."""
     jars_dir: str | None = None
     """A directory of jars to put on the classpath (local runs: .cache/jars)."""
     packages: tuple[str, ...] = ()
     """Maven coordinates for spark.jars.packages (clusters without the jars)."""
     conf: Mapping[str, str] = field(default_factory=dict)
+    """Spark settings, verbatim."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +206,9 @@ class EngineConfig:
     iteration_timeout: float = 3600.0
     """An iteration running longer is cancelled (its Spark jobs too) and retried."""
     retry_base: float = 5.0
+    """First backoff of a job after a temporary error (doubling each time)."""
     retry_max: float = 300.0
+    """Longest backoff of a job after temporary errors."""
     watermark_flush_interval: float = 3600.0
     """How often fresh watermark times of idle jobs are written to the catalog."""
     usage_refresh_interval: float = 300.0
@@ -205,6 +226,7 @@ class EngineConfig:
     after a start): a table dropped and re-created at the version its jobs stand
     on looks unchanged otherwise."""
     gc_interval: float = 3600.0
+    """How often dropped jobs are collected."""
     gc_retention: float = 86400.0
     """Dropped jobs' catalog rows are removed this long after their drop."""
     max_query_restarts: int = 20
@@ -248,8 +270,11 @@ class NotificationsConfig:
     """
 
     enabled: bool = False
+    """Probe only announced tables, plus a periodic sweep."""
     topic: str = "lakeprop.commits"
+    """Where writers announce commits (created by the service, 1 day retention)."""
     sweep_interval: float = 60.0
+    """Every table is probed at least this often with notifications on."""
 
     def __post_init__(self) -> None:
         _topic_name(self.topic, "notifications.topic")
@@ -258,12 +283,14 @@ class NotificationsConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """The Prometheus endpoint of the driver (see the README's "Metrics")."""
+    """The Prometheus endpoint of the driver (see the docs' "Metrics" page)."""
 
     enabled: bool = False
+    """Serve Prometheus metrics on the driver."""
     host: str = "0.0.0.0"
+    """Where the endpoint listens."""
     port: int = 9464
-    """0 picks a free port (tests)."""
+    """The endpoint's port (0 picks a free one)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -276,11 +303,18 @@ class TenantLimits:
     :mod:`lakeprop.tenants`."""
 
     weight: float = 1.0
+    """An account's share of the workers when accounts compete."""
     max_live_jobs: int = 0
+    """Live jobs per account: a register over it is rejected (10500); 0: none."""
     max_concurrent_iterations: int = 0
+    """Iterations of one account running at once; 0: no bound."""
     max_rows_per_iteration: int = 0
+    """An account's own bound of change rows per tail iteration; 0: the engine's."""
     max_rows_in_flight: int = 0
+    """Backpressure: above 80 % of this many rows held by an account's running
+    iterations its new iterations wait, until under 50 %; 0: none."""
     databases: tuple[str, ...] = ()
+    """Databases (glob patterns) an account's jobs may read and write; empty: any."""
 
     def __post_init__(self) -> None:
         _check_limits({f.name: getattr(self, f.name) for f in fields(TenantLimits)}, "tenants")
@@ -296,6 +330,7 @@ class TenantsConfig(TenantLimits):
     each value it does not set."""
 
     accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per account id, the settings above that account sets for itself."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -365,8 +400,9 @@ class AppConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
     tick_interval: float = 10.0
-    """Seconds between micro-batches: the runner's scan interval (seed: 10 s)."""
+    """Seconds between micro-batches: how often the service looks for due iterations."""
     query_name: str = "lakeprop-changelog"
+    """The streaming query's name."""
 
     def __post_init__(self) -> None:
         _positive(self.tick_interval, "tick_interval")

@@ -52,6 +52,50 @@ class ErrorCode(IntEnum):
 
 TEMPORARY_LIMIT = 10000
 
+DESCRIPTIONS: dict[ErrorCode, str] = {
+    ErrorCode.OK: "success",
+    ErrorCode.UNKNOWN_TEMPORARY: "a temporary error of no more specific kind",
+    ErrorCode.BROKER_UNAVAILABLE: "the Kafka broker could not be reached or started",
+    ErrorCode.DELIVERY_FAILED: "the broker did not confirm a change-log message in time",
+    ErrorCode.SPARK_JOB_FAILED: "a Spark job of an iteration failed",
+    ErrorCode.ITERATION_TIMEOUT: "an iteration ran longer than `engine.iteration_timeout` and "
+    "was cancelled, its Spark jobs too",
+    ErrorCode.ITERATION_CANCELED: "an iteration was cancelled (unregister, update with "
+    "interrupt, pause, resync, shutdown)",
+    ErrorCode.CONSUMER_ERROR: "a consumer raised an unexpected exception",
+    ErrorCode.UNKNOWN_PERMANENT: "a permanent error of no more specific kind",
+    ErrorCode.INVALID_CONFIG: "the configuration file, an environment override or `--set` is wrong",
+    ErrorCode.CHECKPOINT_IN_USE: "another instance holds the checkpoint's lock",
+    ErrorCode.STATE_NOT_FOUND: "no state tables at `state.location`: the service never ran there",
+    ErrorCode.INVALID_ARGUMENT: "a command-line argument cannot be used (malformed JSON, a "
+    "missing file)",
+    ErrorCode.INVALID_MESSAGE: "a change-log message is not a valid envelope",
+    ErrorCode.UNSUPPORTED_VERSION: "a change-log message of an envelope version this service "
+    "does not read",
+    ErrorCode.UNKNOWN_OPERATION: "a change-log message names an unknown operation",
+    ErrorCode.INVALID_IDENTIFIER: "a database, table, column or job name is not a plain identifier",
+    ErrorCode.INVALID_SPEC: "a job spec (trigger or iteration detail) does not validate",
+    ErrorCode.UNKNOWN_CONSUMER: "a job spec names a consumer type that cannot be found",
+    ErrorCode.INVALID_CONSUMER_OPTIONS: "a consumer's options do not validate",
+    ErrorCode.MESSAGE_TOO_LARGE: "a change-log message is larger than `kafka.max_message_bytes`",
+    ErrorCode.SOURCE_NOT_DELTA: "the source table is missing or not a Delta table",
+    ErrorCode.SOURCE_COLUMN_MISSING: "the source lacks a column the job's consumer needs",
+    ErrorCode.SOURCE_REPLACED: "the source was replaced by a table with a new identity: "
+    "re-register the job",
+    ErrorCode.TARGET_MISSING: "the consumer's target table is missing: resync or re-register "
+    "the job",
+    ErrorCode.CONSUMER_FAILED: "a consumer failed in a way a retry will not fix (also: a write "
+    "that does not resolve against an altered target)",
+    ErrorCode.QUOTA_EXCEEDED: "over the account's live-job quota",
+    ErrorCode.OUT_OF_SCOPE: "a source or target outside the account's databases",
+    ErrorCode.TARGET_NOT_ALLOWED: "a target another account's live job reads or writes, or "
+    "inside the service's own state",
+    ErrorCode.BULK_MATCHES_NOTHING: "a bulk selector matches no live job",
+    ErrorCode.BULK_NOT_FOUND: "no bulk operation with that id",
+    ErrorCode.BULK_WRONG_STATE: "a bulk operation in a state that does not allow the request",
+}
+"""What each code means, for the error-code reference (``docs/reference``)."""
+
 
 def is_temporary_code(code: int) -> bool:
     """True for codes 1-9999: the failed work may succeed when retried."""

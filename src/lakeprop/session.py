@@ -14,12 +14,7 @@ from pyspark.sql import SparkSession
 
 from lakeprop.config import SparkConfig
 from lakeprop.errors import InvalidConfigError
-
-PACKAGES = (
-    "io.delta:delta-spark_4.0_2.13:4.3.0",
-    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0",
-)
-"""Delta and the Kafka connector by Maven coordinates (as ``spark-submit.sh`` ships them)."""
+from lakeprop.stack import spark_packages
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -53,12 +48,13 @@ def client_spark_config(config: SparkConfig) -> SparkConfig:
     A cluster config names the service's master and leaves the jars to
     ``spark-submit``; a client that only reads state tables must not start an
     application on that cluster, and needs Delta on its own classpath: ``local[1]``
-    unless ``spark.master`` is set, and the Maven coordinates unless ``jars_dir``
-    or ``packages`` is.
+    unless ``spark.master`` is set, and the Maven coordinates of Delta and the
+    Kafka connector for the installed PySpark (as ``spark-submit.sh`` ships
+    them) unless ``jars_dir`` or ``packages`` is.
     """
     return replace(
         config,
         master=config.master or "local[1]",
-        packages=config.packages or (() if config.jars_dir else PACKAGES),
+        packages=config.packages or (() if config.jars_dir else spark_packages()),
         conf={"spark.ui.showConsoleProgress": "false", **config.conf},
     )

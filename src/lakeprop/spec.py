@@ -1,7 +1,7 @@
 """Job identity and job spec: what a job is and how it wants to be run.
 
 A job is named by its :class:`JobKey` (tenant account, database, table, job
-name: the seed's JobID plus the tenant). Its :class:`JobSpec` is a
+name: ISCP's JobID plus the tenant). Its :class:`JobSpec` is a
 :class:`TriggerSpec` (when the runner starts an iteration) plus an
 :class:`IterationDetail` (priority and the consumer that receives the changes).
 Everything here is pure Python, validated on construction from plain JSON
@@ -118,7 +118,7 @@ class TriggerKind(str, Enum):
 
 @dataclass(frozen=True)
 class TriggerSpec:
-    """When the runner starts an iteration (seed: default, greedy, periodic)."""
+    """When the runner starts an iteration (ISCP's kinds: default, greedy, periodic)."""
 
     kind: TriggerKind = TriggerKind.DEFAULT
     interval_s: float | None = None
@@ -148,7 +148,7 @@ class TriggerSpec:
         interval = obj.get("interval")
         share = obj.get("share", False)
         if isinstance(share, str) and share.lower() in ("true", "false"):
-            share = share.lower() == "true"  # the seed writes "share": "true"
+            share = share.lower() == "true"  # ISCP writes "share": "true"
         if not isinstance(share, bool):
             raise InvalidSpecError(f"trigger.share must be true or false, got {share!r}")
         return cls(
@@ -233,7 +233,7 @@ class IterationDetail:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """TriggerSpec + IterationDetail, as in the seed's JobSpec."""
+    """TriggerSpec + IterationDetail, as in ISCP's JobSpec."""
 
     trigger: TriggerSpec
     iteration: IterationDetail
@@ -258,7 +258,7 @@ class JobSpec:
 
 
 def merge_spec(current: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Fill the empty fields of ``update`` from ``current`` (seed: UpdateJobSpec).
+    """Fill the empty fields of ``update`` from ``current`` (ISCP's UpdateJobSpec).
 
     Both are JSON-shaped specs. A field that is absent or null in the update keeps
     its current value. A trigger of a different kind, or a consumer of a different

@@ -10,7 +10,7 @@ config gives each account
   catch-up, instead of ``engine.max_rows_per_iteration``);
 * a **budget** of rows in flight: the rows its running iterations hold cached.
   Above 80 % of it the account's new iterations wait, until under 50 %
-  (backpressure, seed 002);
+  (backpressure, as TiCDC's memory control);
 * a **scope**: the databases (glob patterns, ``sales_*``) its jobs may read as
   sources and write as targets. A register or update outside it is rejected.
 

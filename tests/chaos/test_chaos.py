@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from devkit.chaos import KILL_POINTS, Chaos, ChaosSettings
 from lakeprop import faults
 from lakeprop.dev.localkafka import LocalKafka
-from tests.chaos.harness import KILL_POINTS, Chaos, ChaosSettings
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 

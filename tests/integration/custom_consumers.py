@@ -5,7 +5,7 @@
 
 It keeps every change of the source in an audit Delta table: the initial
 snapshot (``_change_type = 'snapshot'``), then each insert, update and delete
-with its commit version. The README shows it as the example to copy.
+with its commit version. The docs show it as the example to copy.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient, TableWatch
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
@@ -20,7 +21,6 @@ from lakeprop.state import store as state
 from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import JobState
 from lakeprop.tables.probe import DeltaLogProbe
-from tests.support.waiting import assert_eventually
 
 
 def cli_settings(config: AppConfig) -> list[str]:

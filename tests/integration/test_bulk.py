@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.waiting import assert_eventually
 from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import ensure_topic
 from lakeprop.client import cli
@@ -29,7 +30,6 @@ from tests.integration.helpers import (
     table,
     watches,
 )
-from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

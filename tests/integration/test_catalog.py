@@ -15,6 +15,8 @@ from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from devkit.specs import expected_row, replica_spec
+from devkit.waiting import assert_eventually
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig
@@ -34,8 +36,6 @@ from tests.integration.helpers import (
     table,
     ticks_pass,
 )
-from tests.support.specs import expected_row, replica_spec
-from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

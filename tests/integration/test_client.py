@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import SparkSession
 
+from devkit.kafka import read_topic
+from devkit.specs import replica_spec
 from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
@@ -15,8 +17,6 @@ from lakeprop.dev.localkafka import free_port
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cli_settings, make_source, run_once
-from tests.support.kafka import read_topic
-from tests.support.specs import replica_spec
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The README's cluster command on a real Spark standalone cluster.
+"""The documented cluster command on a real Spark standalone cluster.
 
 A master and one worker run on 127.0.0.1 from the PySpark distribution. The
 service is submitted with ``./spark-submit.sh --master spark://…`` and the
@@ -23,14 +23,14 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from devkit.spark import JARS, TEST_CONF
+from devkit.standalone import ROOT, StandaloneCluster
+from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, latest_version, wait_for_watermark
 from tests.integration.test_recovery import add_rows
-from tests.support.spark import TEST_CONF
-from tests.support.standalone import ROOT, StandaloneCluster
-from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ SMALL_DATA = (
 
 
 def submit(cluster: StandaloneCluster, config: AppConfig, state: Path) -> subprocess.Popen[bytes]:
-    """The README's command, with the test's broker, topic, state and warehouse."""
+    """The documented command, with the test's broker, topic, state and warehouse."""
     settings = {
         "kafka.topic": config.kafka.topic,
         "kafka.create_topic": "true",
@@ -58,7 +58,7 @@ def submit(cluster: StandaloneCluster, config: AppConfig, state: Path) -> subpro
     command = [
         str(ROOT / "spark-submit.sh"),
         *("--master", cluster.url, "--config", "conf/cluster.toml"),
-        *("--jars-dir", str(ROOT / ".cache" / "jars")),
+        *("--jars-dir", str(JARS)),
         *[arg for k in SMALL_DATA for arg in ("--conf", f"{k}={TEST_CONF[k]}")],
         *[arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")],
     ]

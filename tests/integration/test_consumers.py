@@ -11,6 +11,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from devkit.kafka import read_topic
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
@@ -23,8 +25,6 @@ from tests.integration.helpers import (
     ticks_pass,
     wait_for_watermark,
 )
-from tests.support.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
-from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.integration
 

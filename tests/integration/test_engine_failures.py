@@ -13,6 +13,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers import ConsumerType, consumer_type_names, register_consumer_type
@@ -30,7 +31,6 @@ from tests.integration.helpers import (
     wait_for_watermark,
     watches,
 )
-from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

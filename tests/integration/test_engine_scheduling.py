@@ -11,6 +11,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from devkit.waiting import assert_eventually
 from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.notifier import CommitNotifier
@@ -30,7 +31,6 @@ from tests.integration.helpers import (
     wait_for_watermark,
     watches,
 )
-from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

@@ -21,6 +21,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.dev.localkafka import LocalKafka
@@ -40,7 +41,6 @@ from tests.integration.helpers import (
     wait_for_watermark,
     watches,
 )
-from tests.support.waiting import assert_eventually
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""apply_commands: the catalog semantics of the seed, without Spark."""
+"""apply_commands: the catalog semantics of ISCP's job log, without Spark."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import pytest
 
 from lakeprop.config import AppConfig, SparkConfig, load_config
 from lakeprop.errors import InvalidConfigError
-from lakeprop.session import PACKAGES, client_spark_config
+from lakeprop.session import client_spark_config
+from lakeprop.stack import spark_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +86,7 @@ def test_missing_or_broken_files() -> None:
 def test_a_client_session_is_local_and_brings_delta_unless_the_config_says_otherwise() -> None:
     cluster = SparkConfig(app_name="x", master=None, conf={"spark.scheduler.mode": "FAIR"})
     client = client_spark_config(cluster)
-    assert (client.master, client.packages) == ("local[1]", PACKAGES)
+    assert (client.master, client.packages) == ("local[1]", spark_packages())
     assert client.conf == {"spark.ui.showConsoleProgress": "false", "spark.scheduler.mode": "FAIR"}
     local = SparkConfig(master="local[2]", jars_dir="/jars")
     assert (client_spark_config(local).master, client_spark_config(local).packages) == (

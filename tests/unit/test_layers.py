@@ -21,6 +21,7 @@ LAYERS = {
     "notifications": 1,
     "faults": 1,
     "session": 1,
+    "stack": 1,
     "tenants": 1,
     "dev": 1,
     "registry": 1,

@@ -1,4 +1,4 @@
-"""Bulk operations (seed 003): one operation applied to every job a selector matches.
+"""Bulk operations: one operation applied to every job a selector matches.
 
 :mod:`~lakeprop.bulk.model` holds the values and states, :mod:`~lakeprop.bulk.plan`
 turns a request into tasks and a task into catalog commands, and

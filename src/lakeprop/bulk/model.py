@@ -1,8 +1,8 @@
 """Bulk operations as values: the selector, the states, the rows of the two tables.
 
-A bulk operation (seed 003's batch job) applies one operation to every job a
+A bulk operation (a batch job, as in a batch scheduler) applies one operation to every job a
 selector matches. It is one row of ``bulk_operations`` and one row per matched
-job in ``bulk_tasks``. A task moves through the seed's states::
+job in ``bulk_tasks``. A task moves through these states::
 
     pending ──> running ──> success ──(rollback)──> rollback_pending
        │  ▲        │                                     │
@@ -301,7 +301,7 @@ class BulkOperation:
 
 
 def bulk_state(current: BulkState, tasks: Sequence[BulkTask]) -> BulkState:
-    """The operation's state from its tasks' (seed: MaintainBatchStatus).
+    """The operation's state from its tasks' (a batch scheduler's MaintainBatchStatus).
 
     Running while a task is not terminal; then success when every task
     succeeded, fail when none did, partial_fail otherwise. A cancelled operation

@@ -1,6 +1,6 @@
 """Housekeeping on intervals: flush in-memory catalog changes, collect dropped jobs.
 
-The seed keeps watermarks in memory and flushes them periodically. Here memory
+ISCP keeps watermarks in memory and flushes them periodically. Here memory
 holds the watermarks iterations advanced (durable already in the iteration
 history), the ``watermark_ts`` of idle jobs found fresh by trigger selection,
 and the transient pending/running states. One catalog commit writes them: every

@@ -74,7 +74,7 @@ class FairShare:
     (idling earns no credit). An account at its cap of concurrent iterations
     waits while the others go ahead. A table's tails still run one at a time.
 
-    Backpressure (seed 002's memory control): an account whose running
+    Backpressure (TiCDC's memory control per area, counted in rows): an account whose running
     iterations hold more than ``PAUSE_AT`` of its ``budget`` of cached rows is
     paused, its new iterations wait, until they hold less than ``RESUME_BELOW``
     of it. Other accounts are not affected. :attr:`paused` says since when.

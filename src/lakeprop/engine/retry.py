@@ -1,4 +1,4 @@
-"""Retry with backoff (seed 000): 5 s, doubling, at most 5 min."""
+"""Retry with backoff (as TiDB's materialized views retry): 5 s, doubling, at most 5 min."""
 
 from __future__ import annotations
 

@@ -3,12 +3,12 @@
 * Each worker is a thread with its own SparkSession (``newSession``: SQL confs
   such as Delta's transaction ids stay apart) and its own FAIR pool.
 * The queue is ordered by priority (higher first), then by arrival.
-* A table is a path (seed 002): its tail iterations run one at a time, in
+* A table is a path (TiCDC's per-key serial processing): its tail iterations run one at a time, in
   order; initial-sync snapshots of new jobs run beside them. Different tables
   run in parallel, up to the worker count.
 * Every iteration runs in a Spark job group, so cancelling it (timeout,
   unregister, update_spec with interrupt, shutdown) really stops its Spark jobs,
-  instead of only freeing the worker as in seed 000.
+  instead of only freeing the worker as TiDB's materialized-view scheduler does.
 
 The scheduler knows nothing of triggers, the catalog or consumers: it runs the
 callables it is given and hands their results back through :meth:`drain`.

@@ -1,6 +1,6 @@
 """Trigger selection: which iterations are due this tick (pure, no Spark).
 
-The rules of the seed, per source table:
+The rules of ISCP's triggers, per source table:
 
 * a **new** job (no watermark) starts at once with a snapshot iteration of its
   own. A default job on a table whose default jobs already have a watermark

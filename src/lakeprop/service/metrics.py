@@ -5,7 +5,9 @@ it on). Counters count since the service process started. Per job, the
 watermark, the lag behind the source and the state are read from what the
 service holds in memory at scrape time, so a scrape costs no Spark job; the
 lag in seconds reads one commit file per behind job, cached (commits never
-change). Every metric is listed in the README's "Metrics" section.
+change). Every metric is defined once, in :data:`METRICS`, which the
+collectors read their names, help and labels from and the docs' metrics
+reference is generated from.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -36,6 +39,151 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300
 JOB_LABELS = ("account", "database", "table", "job", "job_id")
 
 
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric: its name (a counter's without the ``_total`` Prometheus adds),
+    kind, labels and help text."""
+
+    name: str
+    kind: str
+    """``counter``, ``gauge`` or ``histogram``."""
+    help: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def exported(self) -> str:
+        """The name a scrape shows (counters get ``_total``)."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+METRICS: tuple[MetricDef, ...] = (
+    # jobs and accounts, read at scrape time
+    MetricDef("lakeprop_jobs", "gauge", "Live jobs, by state", ("state",)),
+    MetricDef(
+        "lakeprop_job_state", "gauge", "1 for the job's current state", (*JOB_LABELS, "state")
+    ),
+    MetricDef(
+        "lakeprop_job_watermark", "gauge", "Source version the job has consumed up to", JOB_LABELS
+    ),
+    MetricDef(
+        "lakeprop_job_lag_versions",
+        "gauge",
+        "Source versions committed after the job's watermark, as of the latest probe",
+        JOB_LABELS,
+    ),
+    MetricDef(
+        "lakeprop_job_lag_seconds",
+        "gauge",
+        "Age of the oldest source commit the job has not consumed (0 when in step)",
+        JOB_LABELS,
+    ),
+    MetricDef(
+        "lakeprop_account_iterations_queued",
+        "gauge",
+        "Iterations waiting for a worker",
+        ("account",),
+    ),
+    MetricDef("lakeprop_account_iterations_running", "gauge", "Iterations running", ("account",)),
+    MetricDef(
+        "lakeprop_account_rows_in_flight",
+        "gauge",
+        "Rows the account's running iterations hold cached",
+        ("account",),
+    ),
+    MetricDef(
+        "lakeprop_account_bytes_in_flight",
+        "gauge",
+        "Bytes the account's running iterations hold in Spark's cache",
+        ("account",),
+    ),
+    MetricDef(
+        "lakeprop_account_paused_since_seconds",
+        "gauge",
+        "Unix time since which backpressure holds the account's new iterations (0: not)",
+        ("account",),
+    ),
+    # iterations
+    MetricDef("lakeprop_iteration_seconds", "histogram", "Iteration duration", ("kind", "outcome")),
+    MetricDef(
+        "lakeprop_iteration_queue_wait_seconds",
+        "histogram",
+        "From planned to a worker starting it",
+        ("kind",),
+    ),
+    MetricDef(
+        "lakeprop_iteration_rows_read",
+        "counter",
+        "Change (tail) or source (snapshot) rows read",
+        ("kind",),
+    ),
+    MetricDef("lakeprop_consumer_rows_written", "counter", "Rows consumers wrote", ("consumer",)),
+    MetricDef(
+        "lakeprop_iteration_spark_jobs", "counter", "Spark jobs iterations launched", ("kind",)
+    ),
+    MetricDef(
+        "lakeprop_job_errors",
+        "counter",
+        "Failed consumer runs of iterations, by error code",
+        ("code",),
+    ),
+    # ticks
+    MetricDef("lakeprop_ticks", "counter", "Micro-batches processed"),
+    MetricDef(
+        "lakeprop_tick_phase_seconds",
+        "histogram",
+        "Seconds one micro-batch spent in each phase",
+        ("phase",),
+    ),
+    MetricDef("lakeprop_tables_probed", "counter", "Source tables probed by trigger selection"),
+    MetricDef("lakeprop_tables_changed", "counter", "Probed tables found changed"),
+    MetricDef(
+        "lakeprop_selection_spark_jobs",
+        "counter",
+        "Spark jobs trigger selection launched: it never should, so alert on any",
+    ),
+    # the change log
+    MetricDef("lakeprop_verdicts", "counter", "Change-log messages given a verdict", ("outcome",)),
+    MetricDef(
+        "lakeprop_rejects", "counter", "Change-log messages rejected, by error code", ("code",)
+    ),
+    # the streaming query
+    MetricDef("lakeprop_query_batches", "counter", "Micro-batches the query reported"),
+    MetricDef("lakeprop_query_input_rows", "counter", "Change-log messages the query read"),
+    MetricDef(
+        "lakeprop_query_last_batch_seconds", "gauge", "Duration of the query's latest micro-batch"
+    ),
+    MetricDef(
+        "lakeprop_query_input_rows_per_second",
+        "gauge",
+        "Input rate of the query's latest micro-batch",
+    ),
+    MetricDef("lakeprop_query_last_batch_id", "gauge", "Id of the query's latest micro-batch"),
+)
+"""Every metric the service exports."""
+
+_DEFS = {m.name: m for m in METRICS}
+
+
+def _counter(name: str, registry: CollectorRegistry) -> Counter:
+    d = _DEFS[name]
+    return Counter(d.name, d.help, d.labels, registry=registry)
+
+
+def _gauge(name: str, registry: CollectorRegistry) -> Gauge:
+    d = _DEFS[name]
+    return Gauge(d.name, d.help, d.labels, registry=registry)
+
+
+def _histogram(name: str, registry: CollectorRegistry) -> Histogram:
+    d = _DEFS[name]
+    return Histogram(d.name, d.help, d.labels, registry=registry, buckets=_SECONDS)
+
+
+def _family(name: str) -> GaugeMetricFamily:
+    d = _DEFS[name]
+    return GaugeMetricFamily(d.name, d.help, labels=d.labels)
+
+
 class ServiceMetrics:
     """The service's metrics, in a registry of their own.
 
@@ -50,49 +198,23 @@ class ServiceMetrics:
         selection_jobs: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry or CollectorRegistry()
-
-        def counter(name: str, doc: str, *labels: str) -> Counter:
-            return Counter(name, doc, labels, registry=self.registry)
-
-        def seconds(name: str, doc: str, *labels: str) -> Histogram:
-            return Histogram(name, doc, labels, registry=self.registry, buckets=_SECONDS)
-
+        registry = self.registry
         # per tick
-        self.ticks = counter("lakeprop_ticks", "Micro-batches processed")
-        self.tick_phase = seconds(
-            "lakeprop_tick_phase_seconds", "Seconds one micro-batch spent in each phase", "phase"
-        )
-        self.tables_probed = counter(
-            "lakeprop_tables_probed", "Source tables probed by trigger selection"
-        )
-        self.tables_changed = counter("lakeprop_tables_changed", "Probed tables found changed")
-        self.selection_spark_jobs = counter(
-            "lakeprop_selection_spark_jobs", "Spark jobs trigger selection launched (never)"
-        )
+        self.ticks = _counter("lakeprop_ticks", registry)
+        self.tick_phase = _histogram("lakeprop_tick_phase_seconds", registry)
+        self.tables_probed = _counter("lakeprop_tables_probed", registry)
+        self.tables_changed = _counter("lakeprop_tables_changed", registry)
+        self.selection_spark_jobs = _counter("lakeprop_selection_spark_jobs", registry)
         # per iteration
-        self.iteration_seconds = seconds(
-            "lakeprop_iteration_seconds", "Iteration duration", "kind", "outcome"
-        )
-        self.queue_wait = seconds(
-            "lakeprop_iteration_queue_wait_seconds", "From planned to a worker starting it", "kind"
-        )
-        self.rows_read = counter(
-            "lakeprop_iteration_rows_read", "Change (tail) or source (snapshot) rows read", "kind"
-        )
-        self.rows_written = counter(
-            "lakeprop_consumer_rows_written", "Rows consumers wrote", "consumer"
-        )
-        self.iteration_spark_jobs = counter(
-            "lakeprop_iteration_spark_jobs", "Spark jobs iterations launched", "kind"
-        )
-        self.job_errors = counter(
-            "lakeprop_job_errors", "Failed consumer runs of iterations", "code"
-        )
+        self.iteration_seconds = _histogram("lakeprop_iteration_seconds", registry)
+        self.queue_wait = _histogram("lakeprop_iteration_queue_wait_seconds", registry)
+        self.rows_read = _counter("lakeprop_iteration_rows_read", registry)
+        self.rows_written = _counter("lakeprop_consumer_rows_written", registry)
+        self.iteration_spark_jobs = _counter("lakeprop_iteration_spark_jobs", registry)
+        self.job_errors = _counter("lakeprop_job_errors", registry)
         # the change log
-        self.verdicts_total = counter(
-            "lakeprop_verdicts", "Change log messages given a verdict", "outcome"
-        )
-        self.rejects = counter("lakeprop_rejects", "Change log messages rejected", "code")
+        self.verdicts_total = _counter("lakeprop_verdicts", registry)
+        self.rejects = _counter("lakeprop_rejects", registry)
         self._selection_jobs = selection_jobs
         """Spark jobs of the selection's job group so far (Spark's status tracker)."""
         self._selection_jobs_seen = selection_jobs()
@@ -141,31 +263,12 @@ class AccountGauges(Collector):
         self._accounts = accounts
 
     def collect(self) -> Iterator[Metric]:
-        labels = ("account",)
         families = {
-            "queued": GaugeMetricFamily(
-                "lakeprop_account_iterations_queued",
-                "Iterations waiting for a worker",
-                labels=labels,
-            ),
-            "running": GaugeMetricFamily(
-                "lakeprop_account_iterations_running", "Iterations running", labels=labels
-            ),
-            "cached": GaugeMetricFamily(
-                "lakeprop_account_rows_in_flight",
-                "Rows the account's running iterations hold cached",
-                labels=labels,
-            ),
-            "bytes": GaugeMetricFamily(
-                "lakeprop_account_bytes_in_flight",
-                "Bytes the account's running iterations hold in Spark's cache",
-                labels=labels,
-            ),
-            "paused": GaugeMetricFamily(
-                "lakeprop_account_paused_since_seconds",
-                "Unix time since which backpressure holds the account's new iterations (0: not)",
-                labels=labels,
-            ),
+            "queued": _family("lakeprop_account_iterations_queued"),
+            "running": _family("lakeprop_account_iterations_running"),
+            "cached": _family("lakeprop_account_rows_in_flight"),
+            "bytes": _family("lakeprop_account_bytes_in_flight"),
+            "paused": _family("lakeprop_account_paused_since_seconds"),
         }
         for account, load in self._accounts().items():
             label = [str(account)]
@@ -193,23 +296,11 @@ class JobGauges(Collector):
         self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        watermark = GaugeMetricFamily(
-            "lakeprop_job_watermark", "Source version the job has consumed up to", labels=JOB_LABELS
-        )
-        lag = GaugeMetricFamily(
-            "lakeprop_job_lag_versions",
-            "Source versions committed after the job's watermark",
-            labels=JOB_LABELS,
-        )
-        lag_seconds = GaugeMetricFamily(
-            "lakeprop_job_lag_seconds",
-            "Age of the oldest source commit the job has not consumed (0 when in step)",
-            labels=JOB_LABELS,
-        )
-        state = GaugeMetricFamily(
-            "lakeprop_job_state", "1 for the job's current state", labels=(*JOB_LABELS, "state")
-        )
-        jobs = GaugeMetricFamily("lakeprop_jobs", "Live jobs, by state", labels=("state",))
+        watermark = _family("lakeprop_job_watermark")
+        lag = _family("lakeprop_job_lag_versions")
+        lag_seconds = _family("lakeprop_job_lag_seconds")
+        state = _family("lakeprop_job_state")
+        jobs = _family("lakeprop_jobs")
         by_state = dict.fromkeys((s.value for s in JobState), 0)
         now = self._clock()
         for row in list(self._rows().values()):
@@ -245,27 +336,11 @@ class QueryProgress(StreamingQueryListener):
 
     def __init__(self, registry: CollectorRegistry, query_name: str) -> None:
         self.query_name = query_name
-        self.batches = Counter(
-            "lakeprop_query_batches", "Micro-batches the query reported", registry=registry
-        )
-        self.input_rows = Counter(
-            "lakeprop_query_input_rows", "Change log messages the query read", registry=registry
-        )
-        self.batch_seconds = Gauge(
-            "lakeprop_query_last_batch_seconds",
-            "Duration of the query's latest micro-batch",
-            registry=registry,
-        )
-        self.input_rate = Gauge(
-            "lakeprop_query_input_rows_per_second",
-            "Input rate of the query's latest micro-batch",
-            registry=registry,
-        )
-        self.batch_id = Gauge(
-            "lakeprop_query_last_batch_id",
-            "Id of the query's latest micro-batch",
-            registry=registry,
-        )
+        self.batches = _counter("lakeprop_query_batches", registry)
+        self.input_rows = _counter("lakeprop_query_input_rows", registry)
+        self.batch_seconds = _gauge("lakeprop_query_last_batch_seconds", registry)
+        self.input_rate = _gauge("lakeprop_query_input_rows_per_second", registry)
+        self.batch_id = _gauge("lakeprop_query_last_batch_id", registry)
 
     def onQueryStarted(self, event: Any) -> None:
         pass

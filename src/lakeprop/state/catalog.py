@@ -1,6 +1,6 @@
 """The job catalog: one Delta row per job, modelled on ``mo_iscp_log``.
 
-Columns follow the seed (account id, table identity, job name, job id, job spec,
+Columns follow MatrixOne's ``mo_iscp_log`` (account id, table identity, job name, job id, job spec,
 job state, watermark, job status, create and drop time) plus the Kafka
 coordinates of the last change log message applied to the row, which is what
 makes applying the log idempotent: a message at or below those coordinates has
@@ -123,7 +123,7 @@ def job_id_for(record: LogRecord) -> int:
     """Deterministic, unique job id from the register message's coordinates.
 
     A replay of the register produces the same id; a re-register after an
-    unregister is a later message and so gets a new id, as the seed requires.
+    unregister is a later message and so gets a new id, as ISCP requires.
     """
     return (record.partition << 40) | record.offset
 
@@ -436,7 +436,7 @@ class JobCatalog:
     memory and written with one commit at the end of the micro-batch
     (:meth:`commit_staged`); if that write fails the query fails and a restart
     reloads the table. Changes that need not be
-    durable at once stay in memory until :meth:`flush`, as the seed's in-memory
+    durable at once stay in memory until :meth:`flush`, as ISCP's in-memory
     watermark does: a fresh watermark time of an idle job, a transient state,
     and an advanced watermark, whose durable record is the iteration history
     (:meth:`remember` with ``progress``). Every write is of the whole table, so

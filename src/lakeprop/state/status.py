@@ -1,4 +1,4 @@
-"""A job's state and status as the catalog stores them (seed: job_state, job_status).
+"""A job's state and status as the catalog stores them (ISCP's job_state, job_status).
 
 :class:`JobState` is the state column; :class:`JobStatus` is the JSON of the
 ``job_status`` column: what the job's last iteration did (or why the job
@@ -14,7 +14,7 @@ from lakeprop.spec import canonical_json
 
 
 class JobState(str, Enum):
-    """Seed job states. A new job starts ``completed`` so the runner begins iterating."""
+    """Job states, as in ISCP. A new job starts ``completed`` so the runner begins iterating."""
 
     PENDING = "pending"
     RUNNING = "running"

@@ -4,7 +4,7 @@ A job names its source by database and table, and consumers name their targets
 the same way. With ``tables.resolution =
 "path"`` that is the directory ``<warehouse>/<database>/<table>``; with
 ``"metastore"`` it is the session catalog's table (Hive metastore or Unity
-Catalog). The Delta table id is the table's identity (the seed's table_id): a
+Catalog). The Delta table id is the table's identity (the catalog's table_id): a
 table replaced under the same name gets a new id, and its jobs must be
 re-registered.
 """

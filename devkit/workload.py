@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 SCHEMA = "id INT, g STRING, v INT, body STRING"
@@ -73,7 +73,7 @@ class Workload:
         ids = ids or self.sample(4)
         if not ids:
             return
-        changes = {}
+        changes: dict[str, str | Column] = {}
         if self.rng.random() < 0.5:
             group = self.group()
             changes["g"] = F.lit(group).cast("string")
@@ -121,7 +121,7 @@ class Workload:
 
     def burst(self, commits: int = 4) -> None:
         """Several commits (at least ``commits``) mixing every shape above."""
-        shapes: list[Callable[[], None]] = [
+        shapes: list[Callable[[], object]] = [
             self.insert,
             self.insert,
             self.update,

@@ -15,11 +15,12 @@ from types import TracebackType
 
 import pyspark
 
+from devkit.spark import STACK
+from devkit.waiting import assert_eventually
 from lakeprop.dev.localkafka import free_port
-from tests.support.waiting import assert_eventually
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("LAKEPROP_VENV", ROOT / ".venv"))
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("LAKEPROP_VENV", ROOT / STACK.venv))
 
 
 class StandaloneCluster:

@@ -45,6 +45,7 @@ Run it as ``scripts/chaos.sh`` (see ``--help``) or through ``pytest -m chaos``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -61,6 +62,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.spark import spark_toml
 from lakeprop import faults
 from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import LogRecord
@@ -74,11 +76,10 @@ from lakeprop.state.catalog import job_id_for
 from lakeprop.state.history import consumer_digest
 from lakeprop.state.usage import UsageRow, usage_of
 from lakeprop.tables.probe import DeltaLogProbe
-from tests.support.spark import spark_toml
 
 log = logging.getLogger("chaos")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING"
 TABLES = ("orders", "notes")
 WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", "kafka"]
@@ -183,8 +184,12 @@ class InProcessService:
             raise RuntimeError("the in-process service did not stop within 240s")
 
 
+def _has_fired(point: str) -> bool:
+    return point in faults.fired()
+
+
 def consumer_for(kind: str) -> dict[str, Any]:
-    options: dict[str, Any] = {
+    known: dict[str, dict[str, Any]] = {
         "replica": {"primary_key": ["id"]},
         "secondary_index": {"columns": ["name"], "primary_key": ["id"]},
         "fulltext_index": {"columns": ["body"], "primary_key": ["id"]},
@@ -195,8 +200,8 @@ def consumer_for(kind: str) -> dict[str, Any]:
                 {"fn": "sum", "column": "amount", "as": "total"},
             ],
         },
-    }[kind]
-    return {"type": kind, "options": options}
+    }
+    return {"type": kind, "options": known[kind]}
 
 
 def trigger_for(rng: random.Random) -> dict[str, Any]:
@@ -588,7 +593,10 @@ gc_retention = "4s"
         """
         self.gate(cycle).touch()
         logfile = self.workdir / f"cycle-{cycle:03d}.log"
-        down = lambda: proc.poll() is not None  # noqa: E731
+
+        def down() -> bool:
+            return proc.poll() is not None
+
         following = None
         try:
             ready = self.wait_ready(
@@ -643,7 +651,7 @@ gc_retention = "4s"
                 log.info("cycle: raise at %s", point)
                 self.report.cycles += 1
                 faults.arm(f"{point}=raise")
-                if self.drive(point, lambda p=point: p in faults.fired(), down):
+                if self.drive(point, functools.partial(_has_fired, point), down):
                     self.report.fired(point)
                     self.report.raises += 1
                     faults.disarm()

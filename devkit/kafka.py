@@ -76,8 +76,9 @@ def read_topic(bootstrap_servers: str, topic: str) -> list[tuple[int, bytes | No
                 continue
             assert message.error() is None, message.error()
             partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None
             position[partition] = offset
-            messages.append((partition, offset, message.key(), message.value()))
+            messages.append((partition, offset, message.key(), message.value() or b""))
         return [(p, key, value) for p, _, key, value in sorted(messages, key=lambda m: m[:2])]
     finally:
         consumer.close()

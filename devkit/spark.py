@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from lakeprop.config import SparkConfig
 from lakeprop.session import build_session
+from lakeprop.stack import STACKS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
+STACK = STACKS[os.environ.get("LAKEPROP_STACK", "default")]
+"""The stack this process runs on (``scripts/test.sh --stack``)."""
+JARS = ROOT / STACK.jars
+"""Delta and the Kafka connector for it, as ``scripts/setup.sh`` left them."""
 
 TEST_CONF = {
     "spark.ui.enabled": "false",
@@ -47,13 +53,13 @@ def hive_conf(directory: Path) -> dict[str, str]:
 
 
 def local_session(app_name: str = "lakeprop-tests", metastore: Path | None = None) -> SparkSession:
-    """Local Spark with Delta and the Kafka connector from .cache/jars, and with
+    """Local Spark with Delta and the Kafka connector from the stack's jars, and with
     ``metastore`` a Hive metastore there."""
     return build_session(
         SparkConfig(
             app_name=app_name,
             master="local[2]",
-            jars_dir=str(ROOT / ".cache" / "jars"),
+            jars_dir=str(JARS),
             conf={**TEST_CONF, **(hive_conf(metastore) if metastore else {})},
         )
     )
@@ -65,5 +71,5 @@ def spark_toml(app_name: str, master: str = "local[2]") -> str:
     conf = "".join(f'"{key}" = "{value}"\n' for key, value in TEST_CONF.items())
     return (
         f'[spark]\napp_name = "{app_name}"\nmaster = "{master}"\n'
-        f'jars_dir = "{ROOT / ".cache" / "jars"}"\n[spark.conf]\n{conf}'
+        f'jars_dir = "{JARS}"\n[spark.conf]\n{conf}'
     )
