@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,11 @@ from devkit.chaos import KILL_POINTS, Chaos, ChaosSettings
 from lakeprop import faults
 from lakeprop.dev.localkafka import LocalKafka
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.floor]
+
+FLOOR_POINTS = (*sorted(KILL_POINTS), "catalog.written", "history.written")
+"""The floor job's round: every point a process death crashes, and the two raise
+points where the catalog rolls forward from the history (a slice, in its time)."""
 
 
 @pytest.mark.timeout(1500)
@@ -19,12 +24,13 @@ def test_every_crash_is_survived_and_everything_comes_out_exactly_right(
     spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:
     # the bounded version: every fault point once (scripts/chaos.sh adds random kills)
-    settings = ChaosSettings(seed=1, random_kills=0, step_every=3.0)
+    points = FLOOR_POINTS if os.environ.get("LAKEPROP_STACK") == "floor" else faults.POINTS
+    settings = ChaosSettings(seed=1, random_kills=0, step_every=3.0, points=tuple(points))
     report = Chaos(spark, tmp_path / "chaos", kafka.bootstrap_servers, settings).run()
     print(report.summary())
     assert report.differences == []
     assert report.points_missed == []
-    assert set(report.points_fired) == set(faults.POINTS)
+    assert set(report.points_fired) == set(points)
     # every cycle crashed the service: by a process death where only that tells the truth
     assert report.kills == len(KILL_POINTS) + settings.random_kills
-    assert report.raises == len(faults.POINTS) - len(KILL_POINTS)
+    assert report.raises == len(points) - len(KILL_POINTS)

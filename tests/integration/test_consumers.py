@@ -84,6 +84,7 @@ def expected_audit(spark: SparkSession, path: str, snapshot: int, upto: int) -> 
     return base.unionByName(changes)
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("seed", [7])
 def test_replica_index_and_a_user_consumer_follow_a_random_workload_sharing_one_scan(
     spark: SparkSession, app_config: AppConfig, seed: int

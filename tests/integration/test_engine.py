@@ -69,6 +69,7 @@ def commit_steps(spark: SparkSession, path: str) -> list[Callable[[], None]]:
     ]
 
 
+@pytest.mark.floor
 def test_three_trigger_kinds_keep_their_replicas_equal_to_the_source(
     spark: SparkSession, app_config: AppConfig
 ) -> None:

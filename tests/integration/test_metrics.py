@@ -87,3 +87,8 @@ def test_the_endpoint_reports_exact_jobs_iterations_rows_and_verdicts(
     assert value(samples, "lakeprop_tables_changed_total") >= 2
     assert value(samples, "lakeprop_query_batches_total") >= 3
     assert value(samples, "lakeprop_tick_phase_seconds_count", phase="selection") >= 3
+    # Spark's own split of the latest micro-batch: the foreachBatch is its addBatch
+    assert value(samples, "lakeprop_query_phase_seconds", phase="addBatch") > 0
+    assert value(samples, "lakeprop_query_phase_seconds", phase="triggerExecution") >= value(
+        samples, "lakeprop_query_phase_seconds", phase="addBatch"
+    )

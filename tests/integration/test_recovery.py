@@ -227,6 +227,7 @@ def test_dropped_and_replaced_sources_fail_their_jobs_and_others_carry_on(
         )
 
 
+@pytest.mark.floor
 def test_a_dropped_or_altered_target_is_a_permanent_error_for_its_job_only(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
@@ -265,6 +266,7 @@ def test_a_dropped_or_altered_target_is_a_permanent_error_for_its_job_only(
         wait_for_watermark(spark, app_config, keys["fine"], 2)
 
 
+@pytest.mark.floor
 def test_the_service_survives_a_broker_outage_and_loses_nothing(
     spark: SparkSession, app_config: AppConfig, kafka: LocalKafka
 ) -> None:

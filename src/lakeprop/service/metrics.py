@@ -158,6 +158,13 @@ METRICS: tuple[MetricDef, ...] = (
         "Input rate of the query's latest micro-batch",
     ),
     MetricDef("lakeprop_query_last_batch_id", "gauge", "Id of the query's latest micro-batch"),
+    MetricDef(
+        "lakeprop_query_phase_seconds",
+        "gauge",
+        "Spark's own split of the latest micro-batch (its progress' durationMs): "
+        "latestOffset, queryPlanning, addBatch (the foreachBatch), walCommit, ...",
+        ("phase",),
+    ),
 )
 """Every metric the service exports."""
 
@@ -341,6 +348,7 @@ class QueryProgress(StreamingQueryListener):
         self.batch_seconds = _gauge("lakeprop_query_last_batch_seconds", registry)
         self.input_rate = _gauge("lakeprop_query_input_rows_per_second", registry)
         self.batch_id = _gauge("lakeprop_query_last_batch_id", registry)
+        self.phase_seconds = _gauge("lakeprop_query_phase_seconds", registry)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -354,6 +362,8 @@ class QueryProgress(StreamingQueryListener):
         self.batch_seconds.set(progress.batchDuration / 1000.0)
         self.input_rate.set(progress.inputRowsPerSecond or 0.0)
         self.batch_id.set(progress.batchId)
+        for phase, millis in (progress.durationMs or {}).items():
+            self.phase_seconds.labels(phase).set(millis / 1000.0)
 
     def onQueryIdle(self, event: Any) -> None:
         pass
