@@ -72,7 +72,7 @@ from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
-from lakeprop.state.catalog import job_id_for
+from lakeprop.state.apply import job_id_for
 from lakeprop.state.history import consumer_digest
 from lakeprop.state.usage import UsageRow, usage_of
 from lakeprop.tables.probe import DeltaLogProbe

@@ -24,7 +24,8 @@ from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import PY4J_CALLBACK_LOGGER, BatchSummary
 from lakeprop.spec import JobKey, JobSpec
-from lakeprop.state.catalog import JobCatalog, apply_commands
+from lakeprop.state.apply import apply_commands
+from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.status import JobState
 from tests.integration.helpers import (
     catalog_df,

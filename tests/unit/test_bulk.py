@@ -28,7 +28,8 @@ from lakeprop.config import TenantsConfig
 from lakeprop.errors import ErrorCode, TemporaryError
 from lakeprop.service.runner import decode_all
 from lakeprop.spec import JobKey, JobRef, JobSpec
-from lakeprop.state.catalog import CatalogRow, apply_commands
+from lakeprop.state.apply import apply_commands
+from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.outcomes import Outcome, RecordedVerdict, Verdict
 from lakeprop.state.status import JobState
 from lakeprop.tenants import Tenants

@@ -14,7 +14,8 @@ from lakeprop.engine.model import (
     TableRef,
 )
 from lakeprop.engine.watermarks import advance
-from lakeprop.state.catalog import CatalogRow, apply_commands
+from lakeprop.state.apply import apply_commands
+from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.history import consumer_digest, rolled_forward
 from lakeprop.state.outcomes import Outcome
 from lakeprop.state.status import JobState

@@ -12,7 +12,7 @@ import pytest
 from lakeprop.config import TenantLimits, load_config
 from lakeprop.errors import ErrorCode, InvalidConfigError
 from lakeprop.spec import JobKey, JobSpec
-from lakeprop.state.catalog import apply_commands
+from lakeprop.state.apply import apply_commands
 from lakeprop.state.outcomes import Outcome
 from lakeprop.tenants import Tenants
 from tests.unit.test_catalog_apply import check_ok, register, unregister, update

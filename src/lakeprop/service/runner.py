@@ -57,7 +57,8 @@ from lakeprop.faults import fault_point
 from lakeprop.service.stream import log_records
 from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
-from lakeprop.state.catalog import CatalogRow, JobCatalog, apply_commands
+from lakeprop.state.apply import apply_commands
+from lakeprop.state.catalog import CatalogRow, JobCatalog
 from lakeprop.state.history import IterationHistory
 from lakeprop.state.outcomes import Outcome, OutcomeTables, Verdict
 from lakeprop.state.status import JobState
