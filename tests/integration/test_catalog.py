@@ -22,7 +22,8 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.service.app import PropagationApp
-from lakeprop.service.runner import PY4J_CALLBACK_LOGGER, BatchSummary
+from lakeprop.service.observer import BatchSummary
+from lakeprop.service.stopping import PY4J_CALLBACK_LOGGER
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
 from lakeprop.state.catalog import JobCatalog

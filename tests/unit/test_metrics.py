@@ -18,7 +18,7 @@ from lakeprop.engine.model import (
 )
 from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.service.metrics import AccountGauges, JobGauges, ServiceMetrics
-from lakeprop.service.runner import BatchTimings, TickSummary
+from lakeprop.service.observer import BatchTimings, TickSummary
 from lakeprop.state.outcomes import Outcome, Verdict
 from lakeprop.state.status import JobState
 from tests.unit.test_watermarks import REF, ROW

@@ -9,7 +9,7 @@ import traceback
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from lakeprop.service.runner import (
+from lakeprop.service.stopping import (
     PY4J_CALLBACK_LOGGER,
     RefusedBatchFilter,
     ServiceHaltedError,

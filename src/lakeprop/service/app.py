@@ -21,9 +21,11 @@ from lakeprop.engine.policy import FairShare
 from lakeprop.engine.retry import retry_delay
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.errors import TemporaryError
-from lakeprop.notifications import CommitNotice, NoticeListener
+from lakeprop.notifications import CommitNotice
 from lakeprop.service.lock import CheckpointLock
-from lakeprop.service.runner import Runner
+from lakeprop.service.notices import NoticeListener
+from lakeprop.service.observer import Unobserved
+from lakeprop.service.runner import Runner, RunnerParts
 from lakeprop.service.stream import ChangelogOffsets, start_query
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import JobCatalog
@@ -109,25 +111,27 @@ class PropagationApp:
         )
         self.metrics = self._metrics()
         self.runner = Runner(
-            spark,
-            config.engine,
-            self.catalog,
-            self.outcomes,
-            tables,
-            self.history,
-            self.scheduler,
-            config.kafka.max_message_bytes,
-            dirty=self.dirty,
-            tenants=self.tenants,
-            usage=self.usage,
-            accounts=AccountsTable(spark, config.state.table_path(ACCOUNTS_TABLE)),
-            bulk=self.bulk,
-            observer=None if self.metrics is None else self.metrics.reported,
-            log_empty=ChangelogOffsets(
-                FilesFor(spark)(config.state.checkpoint_location),
-                config.state.checkpoint_location,
-                config.kafka.topic,
-            ).empty,
+            RunnerParts(
+                spark,
+                config.engine,
+                self.catalog,
+                self.outcomes,
+                tables,
+                self.history,
+                self.scheduler,
+                config.kafka.max_message_bytes,
+                dirty=self.dirty,
+                tenants=self.tenants,
+                usage=self.usage,
+                accounts=AccountsTable(spark, config.state.table_path(ACCOUNTS_TABLE)),
+                bulk=self.bulk,
+                observer=Unobserved() if self.metrics is None else self.metrics.reported,
+                log_empty=ChangelogOffsets(
+                    FilesFor(spark)(config.state.checkpoint_location),
+                    config.state.checkpoint_location,
+                    config.kafka.topic,
+                ).empty,
+            )
         )
         if self.metrics is not None:
             selection = self.runner.selection

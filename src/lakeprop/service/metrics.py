@@ -28,7 +28,8 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from lakeprop.config import MetricsConfig
 from lakeprop.engine.model import IterationResult, TableRef
 from lakeprop.engine.scheduler import AccountLoad
-from lakeprop.service.runner import SELECTION_JOB_GROUP, BatchTimings, TickSummary
+from lakeprop.service.observer import BatchTimings, TickSummary
+from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.outcomes import Outcome, Verdict
 from lakeprop.state.status import JobState

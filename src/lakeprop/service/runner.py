@@ -37,9 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Protocol
 
-from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 
 from lakeprop.bulk.executor import BulkExecutor
@@ -52,8 +50,21 @@ from lakeprop.engine.model import IterationPlan, IterationResult, MemberJob, Ret
 from lakeprop.engine.scheduler import SHUTTING_DOWN, Scheduler
 from lakeprop.engine.selection import TriggerSelection
 from lakeprop.engine.watermarks import advance
-from lakeprop.errors import InvalidMessageError, TemporaryError
+from lakeprop.errors import InvalidMessageError
 from lakeprop.faults import fault_point
+from lakeprop.service.observer import (
+    BatchSummary,
+    BatchTimings,
+    RunnerObserver,
+    TickSummary,
+    Unobserved,
+)
+from lakeprop.service.stopping import (
+    REFUSAL_WAIT,
+    await_stop_interrupt,
+    quiet_refused_batches,
+    refusal,
+)
 from lakeprop.service.stream import log_records
 from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
@@ -70,161 +81,6 @@ log = logging.getLogger(__name__)
 
 SELECTION_JOB_GROUP = "lakeprop-trigger-selection"
 """Job group of the selection phase: it must never launch a Spark job."""
-
-
-@dataclass(frozen=True)
-class BatchSummary:
-    batch_id: int
-    messages: int
-    applied: int
-    rejected: int
-    unchanged: int
-
-    @classmethod
-    def of(cls, batch_id: int, messages: int, verdicts: Sequence[Verdict]) -> BatchSummary:
-        def count(*outcomes: Outcome) -> int:
-            return sum(v.outcome in outcomes for v in verdicts)
-
-        return cls(
-            batch_id=batch_id,
-            messages=messages,
-            applied=count(Outcome.APPLIED),
-            rejected=count(Outcome.REJECTED),
-            unchanged=count(Outcome.ALREADY_EXISTS, Outcome.NOT_FOUND),
-        )
-
-    def __str__(self) -> str:
-        return (
-            f"{self.messages} message(s), {self.applied} applied, {self.rejected} rejected, "
-            f"{self.unchanged} unchanged"
-        )
-
-
-class ServiceHaltedError(TemporaryError):
-    """A micro-batch reached a runner that is stopping: it is replayed after a restart."""
-
-
-REFUSAL_WAIT = 10.0
-"""Seconds a refused micro-batch waits for ``StreamingQuery.stop()`` to interrupt it."""
-
-
-def await_stop_interrupt(
-    spark: SparkSession, timeout: float, stopped: Callable[[], bool]
-) -> Py4JJavaError | None:
-    """Sleep in the JVM until the query's ``stop()`` interrupts this callback, or
-    ``timeout`` passes; the interrupt as Python sees it, or None.
-
-    py4j runs the calls a ``foreachBatch`` callback makes on the JVM thread that
-    called it (pinned thread mode, PySpark's default): the query's own thread,
-    the one ``stop()`` interrupts. Python code waiting in Python would not see
-    that interrupt, and ``stop()`` would wait for it. ``stop()`` may also have
-    interrupted the thread before the batch reached this callback, and a step
-    of the batch taken the interrupt; so once ``stopped`` says the stop has
-    begun (the query no longer active), the thread interrupts itself.
-    """
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    thread = jvm.java.lang.Thread
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if stopped():
-                thread.currentThread().interrupt()
-            thread.sleep(50)
-    except Py4JJavaError as exc:
-        if exc.java_exception.getClass().getName() == "java.lang.InterruptedException":
-            return exc
-        raise
-    return None
-
-
-def refusal(batch_id: int, interrupt: Py4JJavaError | None) -> ServiceHaltedError:
-    """The error a refused micro-batch raises.
-
-    With the stop's interrupt it names the interrupted py4j call the way Spark
-    recognises one (``StreamExecution.isInterruptionException``): the query then
-    ends as stopped, not failed, and the JVM logs no error. It is one line on
-    purpose: Spark matches it with a regular expression whose recursion grows
-    with the text that follows, and a Java stack trace overflows its stack.
-    """
-    message = f"micro-batch {batch_id} arrived while the query stops"
-    if interrupt is None:  # no stop came: the query fails, and a restart replays the batch
-        return ServiceHaltedError(message)
-    called = interrupt.errmsg.strip()  # "An error occurred while calling z:....sleep."
-    cause = interrupt.java_exception.toString()  # "java.lang.InterruptedException: ..."
-    kind = f"{type(interrupt).__module__}.{type(interrupt).__name__}"
-    return ServiceHaltedError(f"{message}: refused on {kind}: {called} {cause}")
-
-
-PY4J_CALLBACK_LOGGER = "py4j.clientserver"
-"""Where py4j logs, with its traceback at ERROR, whatever a ``foreachBatch`` callback raises."""
-
-
-class RefusedBatchFilter(logging.Filter):
-    """Drops py4j's traceback of a micro-batch refused while the query stops.
-
-    Such a batch is expected on a stop (a tick arrives while the one in progress
-    drains), has done nothing and is replayed after a restart; the runner logs
-    one line for it. Every other exception of the callback keeps its traceback.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not isinstance(error, ServiceHaltedError)
-
-
-def quiet_refused_batches() -> None:
-    """Install :class:`RefusedBatchFilter` on py4j's callback logger, once."""
-    logger = logging.getLogger(PY4J_CALLBACK_LOGGER)
-    if not any(isinstance(f, RefusedBatchFilter) for f in logger.filters):
-        logger.addFilter(RefusedBatchFilter())
-
-
-@dataclass
-class BatchTimings:
-    """Seconds one micro-batch spent in each phase."""
-
-    batch_id: int
-    phases: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def total(self) -> float:
-        return sum(self.phases.values())
-
-    def __str__(self) -> str:
-        parts = ", ".join(f"{k} {v:.3f}s" for k, v in self.phases.items())
-        return f"{self.total:.3f}s ({parts})"
-
-
-@dataclass(frozen=True)
-class TickSummary:
-    tables_probed: int
-    tables_changed: int
-    iterations: int
-    fresh_jobs: int
-
-
-class RunnerObserver(Protocol):
-    """Told what each micro-batch did (the metrics implement it)."""
-
-    def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None: ...
-
-    def results(self, results: Sequence[IterationResult]) -> None: ...
-
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None: ...
-
-
-class Unobserved:
-    """The observer when nobody watches."""
-
-    def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
-        pass
-
-    def results(self, results: Sequence[IterationResult]) -> None:
-        pass
-
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
-        pass
 
 
 def decode_all(
@@ -249,54 +105,67 @@ def decode_all(
     return commands, rejected
 
 
+@dataclass(frozen=True)
+class RunnerParts:
+    """What a runner works with: the worker session, the engine's settings, the
+    state tables, the tables, the scheduler, and the parts a service may leave
+    out (notifications, tenants, usage, accounts, bulk operations, an observer)."""
+
+    spark: SparkSession
+    engine: EngineConfig
+    catalog: JobCatalog
+    outcomes: OutcomeTables
+    tables: Tables
+    history: IterationHistory
+    scheduler: Scheduler
+    max_message_bytes: int
+    clock: Callable[[], float] = time.time
+    dirty: DirtyTables | None = None
+    """Tables announced by commit notifications (None: notifications off)."""
+    tenants: Tenants = field(default_factory=Tenants)
+    usage: UsageTable | None = None
+    accounts: AccountsTable | None = None
+    bulk: BulkExecutor | None = None
+    observer: RunnerObserver = field(default_factory=Unobserved)
+    log_empty: Callable[[int], bool] = lambda _batch_id: False
+    """Whether a micro-batch is known to hold no change log record (then it is not
+    collected: no Spark job); see :class:`~lakeprop.service.stream.ChangelogOffsets`."""
+
+
 class Runner:
     """Applies the change log and drives the iterations, one micro-batch at a time."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        engine: EngineConfig,
-        catalog: JobCatalog,
-        outcomes: OutcomeTables,
-        tables: Tables,
-        history: IterationHistory,
-        scheduler: Scheduler,
-        max_message_bytes: int,
-        clock: Callable[[], float] = time.time,
-        dirty: DirtyTables | None = None,
-        tenants: Tenants | None = None,
-        usage: UsageTable | None = None,
-        accounts: AccountsTable | None = None,
-        bulk: BulkExecutor | None = None,
-        observer: RunnerObserver | None = None,
-        log_empty: Callable[[int], bool] | None = None,
-    ) -> None:
+    def __init__(self, parts: RunnerParts) -> None:
         quiet_refused_batches()
-        self.spark = spark
-        self.observer: RunnerObserver = observer or Unobserved()
-        self.log_empty = log_empty or (lambda _batch_id: False)
-        """Whether a micro-batch is known to hold no change log record (then it is not
-        collected: no Spark job); see :class:`~lakeprop.service.stream.ChangelogOffsets`."""
+        engine = parts.engine
+        self.spark = parts.spark
+        self.observer = parts.observer
+        self.log_empty = parts.log_empty
         self.engine = engine
-        self.catalog = catalog
-        self.outcomes = outcomes
-        self.tables = tables
-        self.history = history
-        self.scheduler = scheduler
-        self.max_message_bytes = max_message_bytes
-        self.clock = clock
-        self.tenants = tenants or Tenants()
+        self.catalog = parts.catalog
+        self.outcomes = parts.outcomes
+        self.tables = parts.tables
+        self.history = parts.history
+        self.scheduler = parts.scheduler
+        self.max_message_bytes = parts.max_message_bytes
+        self.clock = parts.clock
+        self.tenants = parts.tenants
         self.selection = TriggerSelection(
-            tables,
+            parts.tables,
             engine.max_versions_per_iteration,
-            dirty,
+            parts.dirty,
             lambda account: self.tenants.max_rows(account, engine.max_rows_per_iteration),
             engine.identity_check_interval,
         )
-        self.usage = usage
-        self.bulk = bulk
+        self.usage = parts.usage
+        self.bulk = parts.bulk
         self.housekeeping = Housekeeping(
-            catalog, engine, clock, usage, accounts, scheduler.accounts
+            parts.catalog,
+            engine,
+            parts.clock,
+            parts.usage,
+            parts.accounts,
+            parts.scheduler.accounts,
         )
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
