@@ -1,0 +1,481 @@
+"""Reading the service's state: jobs, verdicts, usage, accounts, bulk operations.
+
+Reads look at the catalog, history, requests and other Delta state tables with
+a SparkSession. A job's watermark is the later of the catalog's and the one its
+iteration history records: the service writes the catalog's watermarks on its
+status flush, the history at the end of every iteration. Waits poll cheaply
+(:func:`poll_until`): a state table is read again only after a new commit to it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop.bulk.model import BulkOperation, BulkTask, TaskState, counts
+from lakeprop.bulk.tables import BulkTables
+from lakeprop.client.log import Receipt
+from lakeprop.config import StateConfig, TablesConfig
+from lakeprop.errors import (
+    ErrorCode,
+    InvalidConfigError,
+    InvalidSpecError,
+    PermanentError,
+    StateNotFoundError,
+    TemporaryError,
+)
+from lakeprop.spec import JobKey
+from lakeprop.state import store as state
+from lakeprop.state.accounts import AccountRow, AccountsTable
+from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.history import IterationHistory, rolled_forward
+from lakeprop.state.status import JobState
+from lakeprop.state.store import (
+    ACCOUNTS_TABLE,
+    BULK_OPERATIONS_TABLE,
+    BULK_TASKS_TABLE,
+    CATALOG_TABLE,
+    HISTORY_TABLE,
+    REQUESTS_TABLE,
+    USAGE_TABLE,
+)
+from lakeprop.state.usage import UsageRow, hour_of
+from lakeprop.tables.probe import DeltaLogProbe
+
+LATEST = "latest"
+"""``wait_for_watermark``'s version meaning the source table's current version."""
+
+T = TypeVar("T")
+
+
+class TableWatch:
+    """Tells whether a Delta table has a new commit since the last look, from a
+    listing of its log (no Spark job): waits re-read a state table only then."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.probe = DeltaLogProbe(spark)
+        self.path = path
+        self.seen: int | None = None
+        self.looked = False
+
+    def changed(self) -> bool:
+        version = self.probe.latest_version(self.path)
+        if self.looked and version == self.seen:
+            return False
+        self.seen, self.looked = version, True
+        return True
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as the catalog holds it, with spec and status decoded."""
+
+    key: JobKey
+    job_id: int
+    table_id: str
+    state: str
+    watermark: int | None
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    create_at: datetime
+    drop_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: CatalogRow) -> JobInfo:
+        return cls(
+            key=row.key,
+            job_id=row.job_id,
+            table_id=row.table_id,
+            state=row.job_state.value,
+            watermark=row.watermark,
+            spec=json.loads(row.job_spec),
+            status=json.loads(row.job_status),
+            create_at=row.create_at,
+            drop_at=row.drop_at,
+        )
+
+
+class Progress:
+    """Reports a long wait to a person: ``report`` hears the message, with the seconds
+    waited, at most once per ``every`` seconds (the first time after ``every``)."""
+
+    def __init__(
+        self,
+        report: Callable[[str], None] | None,
+        every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.report = report
+        self.every = every
+        self.clock = clock
+        self.started = clock()
+        self._next = self.started + every
+
+    def __call__(self, message: str) -> None:
+        now = self.clock()
+        if self.report is not None and now >= self._next:
+            self.report(f"{message} ({now - self.started:.0f}s)")
+            self._next = now + self.every
+
+
+@dataclass(frozen=True)
+class BulkStatus:
+    """A bulk operation and its tasks, as the service last wrote them."""
+
+    operation: BulkOperation
+    tasks: list[BulkTask]
+
+    @property
+    def done(self) -> int:
+        """Tasks that will not run again (unless rolled back)."""
+        return sum(t.state.terminal for t in self.tasks)
+
+    @property
+    def failed(self) -> int:
+        return sum(t.state in (TaskState.FAIL, TaskState.ROLLBACK_FAIL) for t in self.tasks)
+
+    @property
+    def ended(self) -> bool:
+        return self.operation.state.terminal
+
+    def summary(self) -> str:
+        by_state = ", ".join(f"{n} {s}" for s, n in sorted(counts(self.tasks).items()))
+        return (
+            f"bulk {self.operation.bulk_id} ({self.operation.operation.value}): "
+            f"{self.operation.state.value}, {self.done}/{len(self.tasks)} tasks done, "
+            f"{self.failed} failed [{by_state}]"
+        )
+
+
+def poll_until(
+    watches: Sequence[TableWatch],
+    read: Callable[[], T],
+    reached: Callable[[T], bool],
+    where: Callable[[T], str],
+    *,
+    initial: T,
+    timeout: float,
+    poll: float,
+    progress: Callable[[T], None] | None = None,
+) -> T:
+    """The one wait loop: re-``read`` when a watched table has a new commit, tell
+    ``progress`` at every poll, and return once ``reached`` says so (it may raise,
+    for a state no wait can leave). After ``timeout`` seconds, a temporary error
+    says ``where`` the thing stands."""
+    deadline = time.monotonic() + timeout
+    value = initial
+    while True:
+        if any([w.changed() for w in watches]):
+            value = read()
+        if progress is not None:
+            progress(value)
+        if reached(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise TemporaryError(where(value))
+        time.sleep(poll)
+
+
+class StateReader:
+    """The state tables' reader, bound to one service's ``state`` location."""
+
+    def __init__(
+        self,
+        state_config: StateConfig | None = None,
+        spark: SparkSession | None = None,
+        tables: TablesConfig | None = None,
+    ) -> None:
+        self.state = state_config or StateConfig()
+        self.tables = tables
+        """How sources resolve (the service's ``tables`` settings): needed for ``latest``."""
+        self._spark = spark
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = SparkSession.builder.getOrCreate()
+        return self._spark
+
+    def _catalog_rows(self, condition: Any = None) -> list[CatalogRow]:
+        path = self.state.table_path(CATALOG_TABLE)
+        if DeltaLogProbe(self.spark).latest_version(path) is None:
+            raise StateNotFoundError(
+                f"no job catalog at {path}: the service has not run with state.location "
+                f"{self.state.location} yet (or the config points elsewhere)"
+            )
+        df = state.read_table(self.spark, path)
+        if condition is not None:
+            df = df.where(condition)
+        return [CatalogRow.from_spark(r) for r in df.collect()]
+
+    def _with_progress(
+        self, rows: list[CatalogRow], database: str | None = None, table: str | None = None
+    ) -> list[CatalogRow]:
+        """The rows with the watermarks the iteration history records, where ahead."""
+        path = self.state.table_path(HISTORY_TABLE)
+        if (
+            not any(r.is_live for r in rows)
+            or DeltaLogProbe(self.spark).latest_version(path) is None
+        ):
+            return rows
+        reached = IterationHistory(self.spark, path).latest_success(database, table)
+        return [rolled_forward(r, reached) or r for r in rows]
+
+    def get_job_status(self, key: JobKey) -> JobInfo | None:
+        """The live job with this key, or else its most recently dropped one."""
+        rows = self._catalog_rows(
+            (F.col("account_id") == key.account_id)
+            & (F.col("database") == key.database)
+            & (F.col("table") == key.table)
+            & (F.col("job_name") == key.job_name)
+        )
+        if not rows:
+            return None
+        best = max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id))
+        (best,) = self._with_progress([best], key.database, key.table)
+        return JobInfo.from_row(best)
+
+    def list_jobs(
+        self,
+        state: JobState | str | None = None,
+        account_id: int | None = None,
+        include_dropped: bool = False,
+    ) -> list[JobInfo]:
+        """Jobs, optionally of one state or one account, ordered by key."""
+        condition = F.lit(True)
+        if state is not None:
+            condition &= F.col("job_state") == JobState(state).value
+        if account_id is not None:
+            condition &= F.col("account_id") == account_id
+        if not include_dropped:
+            condition &= F.col("drop_at").isNull()
+        rows = self._with_progress(self._catalog_rows(condition))
+        return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
+
+    def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
+        """What jobs used, per job and hour (the ``usage`` table): of one account, from
+        the hour of ``since`` on, oldest first. The service recomputes it from the
+        iteration history every ``engine.usage_refresh_interval`` and at shutdown."""
+        self._catalog_rows(F.lit(False))  # no state at all: a clear error
+        path = self.state.table_path(USAGE_TABLE)
+        if DeltaLogProbe(self.spark).latest_version(path) is None:
+            return []  # a service of an earlier release
+        df = state.read_table(self.spark, path)
+        if account_id is not None:
+            df = df.where(F.col("account_id") == account_id)
+        if since is not None:
+            df = df.where(F.col("hour") >= F.lit(hour_of(since)))
+        # columns a table of an earlier release gained empty take their defaults
+        rows = [
+            UsageRow(**{k: v for k, v in r.asDict().items() if v is not None}) for r in df.collect()
+        ]
+        return sorted(rows, key=lambda u: (u.hour, u.account_id, u.job_id))
+
+    def accounts(self) -> list[AccountRow]:
+        """Each account's queued and running iterations, rows in flight, and since when
+        it has been paused by backpressure or waiting, as the service last published
+        them (every ``engine.status_flush_interval`` when they changed, and at
+        shutdown; ``updated_at`` says when)."""
+        self._catalog_rows(F.lit(False))  # no state at all: a clear error
+        return AccountsTable(self.spark, self.state.table_path(ACCOUNTS_TABLE)).read()
+
+    def bulk_status(self, bulk_id: str) -> BulkStatus | None:
+        """A bulk operation with its tasks (in task order), or None if the service has
+        not recorded it (yet)."""
+        self._catalog_rows(F.lit(False))  # no state at all: a clear error
+        tables = BulkTables(
+            self.spark,
+            self.state.table_path(BULK_OPERATIONS_TABLE),
+            self.state.table_path(BULK_TASKS_TABLE),
+        )
+        if DeltaLogProbe(self.spark).latest_version(tables.operations_path) is None:
+            return None  # a service of an earlier release
+        found = tables.operations(bulk_id)
+        return BulkStatus(found[0], tables.tasks([bulk_id])) if found else None
+
+    def wait_for_bulk(
+        self,
+        bulk_id: str,
+        timeout: float = 600.0,
+        poll: float = 0.5,
+        progress: Callable[[BulkStatus], None] | None = None,
+        rollback: bool = False,
+    ) -> BulkStatus:
+        """Block until the bulk operation has ended, or with ``rollback`` its rollback
+        (the operation has ended before one starts); ``progress`` hears its status
+        at every change. The tables are read again only after a new commit to them."""
+        seen: list[BulkStatus] = []
+
+        def tell(status: BulkStatus | None) -> None:
+            if status is not None and progress is not None and (not seen or seen[-1] != status):
+                seen.append(status)
+                progress(status)
+
+        def where(status: BulkStatus | None) -> str:
+            stands = "is not recorded" if status is None else f"stands at {status.summary()}"
+            return f"bulk operation {bulk_id} did not end within {timeout:.0f}s: it {stands}"
+
+        status = poll_until(
+            self._watches(BULK_TASKS_TABLE, BULK_OPERATIONS_TABLE),
+            lambda: self.bulk_status(bulk_id),
+            lambda s: s is not None and s.ended and (not rollback or s.operation.state.rollback),
+            where,
+            initial=None,
+            timeout=timeout,
+            poll=poll,
+            progress=tell,
+        )
+        assert status is not None
+        return status
+
+    def request_outcome(
+        self, request_id: str, receipt: Receipt | None = None
+    ) -> dict[str, Any] | None:
+        """What the service made of a request, once it has processed it: of the message
+        of ``receipt`` when given (a request id sent twice has two verdicts), else
+        of the first message with the id."""
+        path = self.state.table_path(REQUESTS_TABLE)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return None  # the service has not started on this state yet
+        condition = F.col("request_id") == request_id
+        if receipt is not None:
+            condition &= (
+                (F.col("topic") == receipt.topic)
+                & (F.col("partition") == receipt.partition)
+                & (F.col("offset") == receipt.offset)
+            )
+        rows = state.read_table(self.spark, path).where(condition).orderBy("offset").collect()
+        return rows[0].asDict() if rows else None
+
+    def wait_for_outcome(
+        self,
+        receipt: Receipt,
+        timeout: float = 60.0,
+        poll: float = 0.5,
+        progress: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """Block until the service has applied (or rejected) the request.
+
+        The requests table is read again only after a new commit to it.
+        ``progress`` hears how long it has waited, every few seconds.
+        """
+        tell = Progress(progress)
+        outcome = poll_until(
+            self._watches(REQUESTS_TABLE),
+            lambda: self.request_outcome(receipt.request_id, receipt),
+            lambda found: found is not None,
+            lambda _: (
+                f"request {receipt.request_id} not processed within {timeout:.0f}s; "
+                "is the service running?"
+            ),
+            initial=None,
+            timeout=timeout,
+            poll=poll,
+            progress=lambda _: tell(f"waiting for the service's verdict on {receipt.request_id}"),
+        )
+        assert outcome is not None
+        return outcome
+
+    def source_version(self, database: str, table: str) -> int:
+        """The current Delta version of a source table, resolved as the service does."""
+        from lakeprop.tables.resolve import Tables
+
+        if self.tables is None:
+            raise InvalidConfigError(
+                "the client needs the service's tables settings to resolve a source: "
+                "LakepropClient(kafka, state, spark, tables=config.tables)"
+            )
+        resolved = Tables(self.spark, self.tables)
+        resolved.describe(database, table)  # a clear error for a missing source
+        version = DeltaLogProbe(self.spark).latest_version(resolved.location(database, table))
+        if version is None:
+            raise PermanentError(
+                f"source {database}.{table} has no readable Delta log", ErrorCode.SOURCE_NOT_DELTA
+            )
+        return version
+
+    def wait_for_watermark(
+        self,
+        key: JobKey,
+        version: int | str = LATEST,
+        timeout: float = 300.0,
+        poll: float = 0.5,
+        progress: Callable[[str], None] | None = None,
+    ) -> JobInfo:
+        """Block until the live job ``key`` has consumed source version ``version``.
+
+        ``version`` is a Delta version of the source, or ``"latest"``: the
+        source's version when the call starts. Returns the job once its
+        watermark is at or past it, so its target reflects at least that
+        version. Raises :class:`PermanentError` when the job is in ``error``,
+        and :class:`TemporaryError` when the timeout passes first, saying
+        where the job stands. A job that is not live yet (the service has not
+        applied its register, or it was dropped and is being registered again)
+        is waited for. The job is read again only after a new commit to the
+        catalog or the iteration history. ``progress`` hears where the job
+        stands, every few seconds.
+        """
+        if version == LATEST:
+            target = self.source_version(key.database, key.table)
+        elif isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+            target = version
+        else:
+            raise InvalidSpecError(
+                f"version must be a Delta version (>= 0) or {LATEST!r}, got {version!r}"
+            )
+        tell = Progress(progress)
+
+        def reached(job: JobInfo | None) -> bool:
+            if job is None or job.drop_at is not None:
+                return False
+            if job.watermark is not None and job.watermark >= target:
+                return True
+            if job.state == JobState.ERROR.value:
+                raise PermanentError(
+                    f"job {key} is in error at watermark {job.watermark} "
+                    f"[{job.status.get('error_code')}]: {job.status.get('error_msg')}"
+                )
+            return False
+
+        found = poll_until(
+            self._watches(CATALOG_TABLE, HISTORY_TABLE),
+            lambda: self._job(key),
+            reached,
+            lambda job: (
+                f"job {key} did not reach version {target} within {timeout:.0f}s: it {_where(job)}"
+            ),
+            initial=None,
+            timeout=timeout,
+            poll=poll,
+            progress=lambda job: tell(
+                f"waiting for job {key} to reach version {target}: it {_where(job)}"
+            ),
+        )
+        assert found is not None
+        return found
+
+    def _watches(self, *tables: str) -> list[TableWatch]:
+        return [TableWatch(self.spark, self.state.table_path(name)) for name in tables]
+
+    def _job(self, key: JobKey) -> JobInfo | None:
+        """``get_job_status``, or None while the service has not created its state."""
+        if not DeltaTable.isDeltaTable(self.spark, self.state.table_path(CATALOG_TABLE)):
+            return None
+        return self.get_job_status(key)
+
+
+def _where(job: JobInfo | None) -> str:
+    """Where a job stands, for a wait that timed out."""
+    if job is None:
+        return "is not in the catalog (is it registered, is the service running?)"
+    if job.drop_at is not None:
+        return f"was dropped at {job.drop_at}"
+    return f"is at watermark {job.watermark} ({job.state})"
