@@ -20,7 +20,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import functools  # noqa: E402
+
 from bench import (  # noqa: E402
+    auto_cdc,
     catchup,
     fairness,
     fanout,
@@ -43,6 +46,8 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "recent": {"rows": 1000, "files": 2, "changes": 50, "repeats": 1},
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
         "fairness": {"backlog": 3},
+        "auto_cdc": {"keys": 2000, "batch": 200, "commits": 2},
+        "auto_cdc_scd2": {"keys": 2000, "batch": 200, "commits": 2},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -52,6 +57,8 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "recent": {"rows": 2_000_000, "files": 40, "changes": 1000, "repeats": 3},
         "latency": {"tick": 1, "commits": 20, "gap_ms": 2000},
         "fairness": {"backlog": 200},
+        "auto_cdc": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
+        "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -61,6 +68,8 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "recent": {"rows": 10_000_000, "files": 100, "changes": 1000, "repeats": 3},
         "latency": {"tick": 5, "commits": 20, "gap_ms": 2000},
         "fairness": {"backlog": 200},
+        "auto_cdc": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
+        "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
     },
 }
 
@@ -72,6 +81,8 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "recent": recent.run,
     "latency": latency.run,
     "fairness": fairness.run,
+    "auto_cdc": auto_cdc.run,
+    "auto_cdc_scd2": functools.partial(auto_cdc.run, scd=2),
 }
 
 

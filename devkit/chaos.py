@@ -62,6 +62,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from devkit import cdc_model
 from devkit.spark import spark_toml
 from lakeprop import faults
 from lakeprop.bulk.model import BulkState, TaskState
@@ -200,8 +201,11 @@ def consumer_for(kind: str) -> dict[str, Any]:
                 {"fn": "sum", "column": "amount", "as": "total"},
             ],
         },
+        # change events of an ordinary table by commit version: its latest rows, its history
+        "cdc1": {"keys": ["id"], "source_kind": "table"},
+        "cdc2": {"keys": ["id"], "source_kind": "table", "stored_as_scd_type": 2},
     }
-    return {"type": kind, "options": known[kind]}
+    return {"type": "auto_cdc" if kind.startswith("cdc") else kind, "options": known[kind]}
 
 
 def trigger_for(rng: random.Random) -> dict[str, Any]:
@@ -398,7 +402,9 @@ gc_retention = "4s"
             self.specs[key] = JobSpec.from_json(merge_spec(self.specs[key], update)).to_json()
         elif action == "register" or not live:
             table = rng.choice(TABLES)
-            kind = rng.choice(["replica", "secondary_index", "fulltext_index", "aggregate_view"])
+            kind = rng.choice(
+                ["replica", "secondary_index", "fulltext_index", "aggregate_view", "cdc1", "cdc2"]
+            )
             key = JobKey(1, "chaos", table, f"{kind[:4]}{rng.randint(0, 2)}")
             if key not in self.specs:
                 self.register(key, kind, trigger_for(rng))
@@ -501,8 +507,8 @@ gc_retention = "4s"
         self.create_sources()
         # two default-trigger jobs per table: they share iterations from the start
         starters = {
-            "orders": ("replica", "fulltext_index"),
-            "notes": ("secondary_index", "aggregate_view"),
+            "orders": ("replica", "fulltext_index", "cdc2"),
+            "notes": ("secondary_index", "aggregate_view", "cdc1"),
         }
         for table, kinds in starters.items():
             for kind in kinds:
@@ -790,8 +796,9 @@ gc_retention = "4s"
             if row["watermark"] is None:  # never synced: nothing to compare with
                 self.report.differences.append(f"{key}: no watermark")
                 continue
-            self.check_target(key, spec, row["watermark"])
-            self.check_history(key, spec, successes.get(row["job_id"], []), row["watermark"])
+            mine = successes.get(row["job_id"], [])
+            self.check_target(key, spec, row["watermark"], self.synced_at(spec, mine))
+            self.check_history(key, spec, mine, row["watermark"])
 
     def fold_bulks(self) -> None:
         """Every bulk operation ended and none of its tasks is left to run; each
@@ -819,7 +826,22 @@ gc_retention = "4s"
                     f"({task['detail']})"
                 )
 
-    def check_target(self, key: JobKey, spec: dict[str, Any], version: int) -> None:
+    @staticmethod
+    def synced_at(spec: dict[str, Any], successes: list[Row]) -> int | None:
+        """The version of the job's latest snapshot of its current consumer."""
+        digest = consumer_digest(JobSpec.from_json(spec).iteration.consumer.canonical())
+        return max(
+            (
+                r["to_version"]
+                for r in successes
+                if r["consumer_digest"] == digest and r["kind"] == "snapshot"
+            ),
+            default=None,
+        )
+
+    def check_target(
+        self, key: JobKey, spec: dict[str, Any], version: int, synced_at: int | None
+    ) -> None:
         consumer = spec["iteration"]["consumer"]
         source = (
             self.spark.read.format("delta")
@@ -830,7 +852,19 @@ gc_retention = "4s"
             str(self.warehouse / "chaos" / f"{key.table}_{key.job_name}")
         )
         kind = consumer["type"]
-        if kind == "replica":
+        if kind == "auto_cdc":
+            scd = consumer["options"].get("stored_as_scd_type", 1)
+            path = str(self.warehouse / "chaos" / key.table)
+            columns = ["id", "name", "amount", "body"]
+            columns += ["__SEQUENCE"] if scd == 1 else ["__START_AT", "__END_AT"]
+            want = [
+                tuple(r[c] for c in columns)
+                for r in cdc_expected(self.spark, path, synced_at or 0, version, scd)
+            ]
+            actual = rows(target.select(*columns))
+            want = sorted(want, key=str)
+            actual = sorted(actual, key=str)
+        elif kind == "replica":
             want, actual = rows(source), rows(target.select(*source.columns))
         elif kind == "secondary_index":
             want, actual = rows(source.select("name", "id")), rows(target.select("name", "id"))
@@ -879,6 +913,41 @@ gc_retention = "4s"
                 )
             previous = to_version
         self.differ(f"{key} last iteration", watermark, previous)
+
+
+def cdc_expected(
+    spark: SparkSession, path: str, synced_at: int, version: int, scd: int
+) -> list[dict[str, Any]]:
+    """An ``auto_cdc`` table source's target, from the model: its rows at the job's
+    snapshot as upserts at that version, then each later commit's last change per key."""
+    columns = ["name", "amount", "body"]
+    snapshot = spark.read.format("delta").option("versionAsOf", synced_at).load(path)
+    events = [
+        cdc_model.Event((r["id"],), synced_at, cdc_model.UPSERT, tuple((c, r[c]) for c in columns))
+        for r in snapshot.collect()
+    ]
+    if version > synced_at:
+        changes = (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", synced_at + 1)
+            .option("endingVersion", version)
+            .load(path)
+            .where("_change_type != 'update_preimage'")
+            .collect()
+        )
+        last: dict[tuple[Any, int], Row] = {}
+        for r in sorted(changes, key=lambda r: r["_change_type"] != "delete"):
+            last[(r["id"], r["_commit_version"])] = r  # an insert after a delete wins
+        for (key, at), r in last.items():
+            if r["_change_type"] == "delete":
+                events.append(cdc_model.Event((key,), at, cdc_model.DELETE))
+            else:
+                values = tuple((c, r[c]) for c in columns)
+                events.append(cdc_model.Event((key,), at, cdc_model.UPSERT, values))
+    if scd == 1:
+        return cdc_model.Scd1(columns).apply(events).table(["id"])
+    return cdc_model.Scd2(columns, columns).apply(events).table(["id"])
 
 
 def rows(df: DataFrame) -> list[tuple[Any, ...]]:

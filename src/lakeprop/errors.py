@@ -40,6 +40,7 @@ class ErrorCode(IntEnum):
     SOURCE_NOT_DELTA = 10200
     SOURCE_COLUMN_MISSING = 10201
     SOURCE_REPLACED = 10202
+    SOURCE_SCHEMA_CHANGED = 10203
     TARGET_MISSING = 10300
     CONSUMER_FAILED = 10400
     QUOTA_EXCEEDED = 10500
@@ -82,6 +83,8 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.SOURCE_COLUMN_MISSING: "the source lacks a column the job's consumer needs",
     ErrorCode.SOURCE_REPLACED: "the source was replaced by a table with a new identity: "
     "re-register the job",
+    ErrorCode.SOURCE_SCHEMA_CHANGED: "the source's columns changed in a way its change feed "
+    "cannot be read across (a column dropped or renamed, a type changed): resync the job",
     ErrorCode.TARGET_MISSING: "the consumer's target table is missing: resync or re-register "
     "the job",
     ErrorCode.CONSUMER_FAILED: "a consumer failed in a way a retry will not fix (also: a write "

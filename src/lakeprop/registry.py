@@ -30,6 +30,7 @@ BUILT_INS = {
     "fulltext_index": "lakeprop.consumers.fulltext_index:FulltextIndexConsumer",
     "aggregate_view": "lakeprop.consumers.aggregate_view:AggregateViewConsumer",
     "kafka_changefeed": "lakeprop.consumers.kafka_changefeed:KafkaChangefeedConsumer",
+    "auto_cdc": "lakeprop.consumers.auto_cdc:AutoCdcConsumer",
 }
 
 _IMPORT_PATH = re.compile(
@@ -52,6 +53,12 @@ class ConsumerType:
     """Source columns the consumer matches its target on, by equality and under
     the same names; the engine bounds them by the change set (see
     :meth:`~lakeprop.consumers.base.ConsumerContext.in_change_range`)."""
+    check_source: Callable[[Mapping[str, Any], Any, Any], None] = field(
+        default=lambda options, schema, spark: None
+    )
+    """Checks the (validated) options against the source's schema (a Spark
+    ``StructType``) with a session for Spark's parser and analyzer, at
+    registration; raises InvalidConsumerOptionsError. Default: nothing more."""
 
 
 _REGISTRY: dict[str, ConsumerType] = {}
@@ -133,6 +140,7 @@ def _as_consumer_type(name: str, target: object) -> ConsumerType:
             source_columns=consumer.source_columns,
             factory=consumer,
             key_columns=consumer.key_columns,
+            check_source=consumer.check_source,
         )
     raise UnknownConsumerError(
         f"consumer {name!r} names {target!r}, which is neither a Consumer subclass "

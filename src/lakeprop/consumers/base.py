@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from lakeprop.consumers.changes import Bounds, latest_change_per_key
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
@@ -182,6 +183,14 @@ class ConsumerContext:
         if not self.small and self.held_latest is None:
             yield
             return
+        with self.merging_held():
+            yield
+
+    @contextmanager
+    def merging_held(self) -> Iterator[None]:
+        """For a Delta MERGE inside whose source the consumer holds itself (a local
+        checkpoint it made, of rows that no longer change): Delta need not copy
+        it for its two passes."""
         before = self.spark.conf.get(MERGE_MATERIALIZE_SOURCE, None)
         self.spark.conf.set(MERGE_MATERIALIZE_SOURCE, "none")
         try:
@@ -221,6 +230,16 @@ class Consumer(ABC):
     def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
         """Source columns the options rely on (checked at registration)."""
         return []
+
+    @classmethod
+    def check_source(
+        cls, options: Mapping[str, Any], schema: StructType, spark: SparkSession
+    ) -> None:
+        """Check the (validated) options against the source's schema at registration,
+        where the column names of :meth:`source_columns` do not say enough (types,
+        SQL expressions); raise InvalidConsumerOptionsError. ``spark`` is for Spark's
+        parser and analyzer only: launch no job. Default: nothing more."""
+        return None
 
     @classmethod
     def key_columns(cls, options: Mapping[str, Any]) -> list[str]:

@@ -46,7 +46,7 @@ from lakeprop.engine.model import (
     source_gone,
 )
 from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd, group_jobs, task_seconds
-from lakeprop.errors import ErrorCode, LakepropError
+from lakeprop.errors import ErrorCode, LakepropError, PermanentError
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
 from lakeprop.tables.resolve import TableHandle, Tables
@@ -64,6 +64,13 @@ _UNREADABLE_RANGE = (
     "change data was not recorded",
     "not enabled for change data feed",
 )
+
+
+_SCHEMA_CHANGED = (
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_DATA_SCHEMA",
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_SCHEMA_CHANGE",
+)
+"""Delta's refusals to read a change feed across a non-additive schema change."""
 
 
 def _unreadable(exc: BaseException) -> bool:
@@ -312,6 +319,8 @@ def _read(
         except Exception as exc:
             if data is not None:
                 _release(data)
+            if not token.cancelled and any(m in str(exc) for m in _SCHEMA_CHANGED):
+                raise schema_change(source, plan) from None
             if token.cancelled or not _unreadable(exc):
                 raise
             result.kind = IterationKind.SNAPSHOT
@@ -331,6 +340,37 @@ def _read(
     result.source_scans += 1
     result.rows_read = token.cached_rows = int(snapshot.count())
     return snapshot, {}, {}
+
+
+def schema_change(source: TableHandle, plan: IterationPlan) -> PermanentError:
+    """What changed in the source's columns over a range whose change feed Delta will
+    not read: a permanent error saying so (a resync rebuilds from the source as it is)."""
+    assert plan.from_version is not None
+
+    def fields(version: int) -> dict[str, str]:
+        schema = source.load(source.reader().option("versionAsOf", version)).schema
+        return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+    before, after = fields(plan.from_version), fields(plan.to_version)
+    what = []
+    dropped = [c for c in before if c not in after]
+    if dropped:
+        what.append(f"it no longer has column(s) {dropped}")
+    changed = [
+        f"{c} {before[c]} -> {after[c]}" for c in before if c in after and before[c] != after[c]
+    ]
+    if changed:
+        what.append(f"column type(s) changed: {changed}")
+    added = [c for c in after if c not in before]
+    if added:
+        what.append(f"new column(s) {added}")
+    return PermanentError(
+        f"source {source} changed its columns between versions {plan.from_version} and "
+        f"{plan.to_version} in a way its change feed cannot be read across: "
+        f"{'; '.join(what) or 'its column mapping changed'}; resync the job to rebuild it "
+        "from the source as it is now",
+        ErrorCode.SOURCE_SCHEMA_CHANGED,
+    )
 
 
 def _fail_the_rest(

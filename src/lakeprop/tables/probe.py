@@ -29,6 +29,8 @@ class LogMetadata:
 
     table_id: str
     columns: tuple[str, ...]
+    schema_json: str = ""
+    """The table's schema as Delta stores it (Spark's JSON form of a ``StructType``)."""
 
 
 def estimate_change_rows(metrics: Mapping[str, object], added_rows: int) -> int:
@@ -157,7 +159,7 @@ class DeltaLogProbe:
                     meta = json.loads(line)["metaData"]
                     schema = json.loads(meta["schemaString"])
                     columns = tuple(str(f["name"]) for f in schema["fields"])
-                    return LogMetadata(str(meta["id"]), columns)
+                    return LogMetadata(str(meta["id"]), columns, meta["schemaString"])
         return None
 
     def change_rows(self, location: str, version: int) -> int | None:

@@ -11,11 +11,13 @@ re-registered.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, DataFrameReader, DataFrameWriter, SparkSession
+from pyspark.sql.types import StructType
 
 from lakeprop.config import TablesConfig
 from lakeprop.errors import ErrorCode, SourceTableError, TemporaryError
@@ -32,6 +34,11 @@ class SourceInfo:
     name: str
     table_id: str
     columns: tuple[str, ...]
+    schema_json: str = ""
+    """The source's schema (Spark's JSON form), for a consumer's ``check_source``."""
+
+    def schema(self) -> StructType:
+        return StructType.fromJson(json.loads(self.schema_json))
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,8 @@ class Tables:
                 return from_log
             name, delta_table = self._delta_table(database, table)
             detail = delta_table.detail().select("id", "format").first()
-            columns = tuple(delta_table.toDF().columns)
+            frame = delta_table.toDF()
+            columns, schema_json = tuple(frame.columns), frame.schema.json()
         except SourceTableError as exc:
             self._cache[(database, table)] = exc
             raise
@@ -156,7 +164,9 @@ class Tables:
             error = SourceTableError(f"source {name} is not a Delta table")
             self._cache[(database, table)] = error
             raise error
-        info = SourceInfo(name=name, table_id=str(detail["id"]), columns=columns)
+        info = SourceInfo(
+            name=name, table_id=str(detail["id"]), columns=columns, schema_json=schema_json
+        )
         self._cache[(database, table)] = info
         return info
 
@@ -172,13 +182,19 @@ class Tables:
         metadata = self.probe.metadata(path)
         if metadata is None:
             return None
-        return SourceInfo(name=name, table_id=metadata.table_id, columns=metadata.columns)
+        return SourceInfo(
+            name=name,
+            table_id=metadata.table_id,
+            columns=metadata.columns,
+            schema_json=metadata.schema_json,
+        )
 
     def check(self, key: JobKey, spec: JobSpec) -> str:
         """Validate a spec against its source (exists, is Delta, has the columns)."""
         info = self.describe(key.database, key.table)
         consumer = spec.iteration.consumer
-        needed = get_consumer_type(consumer.type).source_columns(consumer.options)
+        consumer_type = get_consumer_type(consumer.type)
+        needed = consumer_type.source_columns(consumer.options)
         present = {c.lower() for c in info.columns}
         missing = [c for c in needed if c.lower() not in present]
         if missing:
@@ -187,6 +203,7 @@ class Tables:
                 f"{consumer.type} consumer; its columns are {list(info.columns)}",
                 ErrorCode.SOURCE_COLUMN_MISSING,
             )
+        consumer_type.check_source(consumer.options, info.schema(), self.spark)
         return info.table_id
 
     def forget(self) -> None:
