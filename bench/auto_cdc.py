@@ -270,7 +270,7 @@ def run(
         theirs_ok = scd2_right(spark, diy, events, touched)
     ours_p50, theirs_p50 = statistics.median(ours_s), statistics.median(theirs_s)
     return Result(
-        f"{TITLE} scd{scd}",
+        f"{TITLE} scd{scd}" + ("" if diy_change_feed else " vs a plain target"),
         {
             "keys": keys,
             "batch": batch,

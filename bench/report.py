@@ -46,6 +46,7 @@ ASSETS = ROOT / "docs" / "assets" / "bench"
 SECTIONS = (
     *((m.TITLE, m) for m in (scale, registration, latency, fanout, catchup, recent, fairness)),
     (f"{auto_cdc.TITLE} scd1", auto_cdc),
+    (f"{auto_cdc.TITLE} scd1 vs a plain target", auto_cdc),
     (f"{auto_cdc.TITLE} scd2", auto_cdc),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""

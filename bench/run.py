@@ -47,6 +47,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "latency": {"tick": 1, "commits": 2, "gap_ms": 500},
         "fairness": {"backlog": 3},
         "auto_cdc": {"keys": 2000, "batch": 200, "commits": 2},
+        "auto_cdc_plain": {"keys": 2000, "batch": 200, "commits": 2},
         "auto_cdc_scd2": {"keys": 2000, "batch": 200, "commits": 2},
     },
     "default": {
@@ -58,6 +59,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "latency": {"tick": 1, "commits": 20, "gap_ms": 2000},
         "fairness": {"backlog": 200},
         "auto_cdc": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
+        "auto_cdc_plain": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
     },
     "full": {
@@ -69,6 +71,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "latency": {"tick": 5, "commits": 20, "gap_ms": 2000},
         "fairness": {"backlog": 200},
         "auto_cdc": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
+        "auto_cdc_plain": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
     },
 }
@@ -82,6 +85,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "latency": latency.run,
     "fairness": fairness.run,
     "auto_cdc": auto_cdc.run,
+    "auto_cdc_plain": functools.partial(auto_cdc.run, diy_change_feed=0),
     "auto_cdc_scd2": functools.partial(auto_cdc.run, scd=2),
 }
 

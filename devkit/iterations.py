@@ -26,6 +26,7 @@ from lakeprop.engine.model import (
     MemberJob,
     TableRef,
 )
+from lakeprop.engine.native import NativeSettings
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.resolve import Tables
 
@@ -41,6 +42,7 @@ class HandDriven:
         consumer: Mapping[str, Any],
         job_id: int = 1,
         small_rows: int = 100_000,
+        native: NativeSettings | None = None,
     ) -> None:
         self.spark = spark
         self.tables = Tables(spark, TablesConfig(resolution="path", warehouse=warehouse))
@@ -48,6 +50,8 @@ class HandDriven:
         self.spec = JobSpec.from_json({"iteration": {"consumer": dict(consumer)}})
         self.job_id = job_id
         self.small_rows = small_rows
+        self.native = native
+        """Run small tails natively as the service would (None: always on Spark)."""
         self.watermark: int | None = None
 
     def _run(self, kind: IterationKind, start: int | None, to: int) -> IterationResult:
@@ -68,6 +72,7 @@ class HandDriven:
             self.tables,
             CancelToken(),
             small_rows=self.small_rows,
+            native=self.native,
         )
         (outcome,) = result.members
         if outcome.error_code:

@@ -203,6 +203,16 @@ class EngineConfig:
     job of its own, which a small MERGE pays for and never gains from. A replica's
     MERGE there also reads the checkpointed change set without Delta's copy of
     its source (0: never)."""
+    small_iterations: str = "auto"
+    """``auto``: a tail of at most ``native_max_rows`` change rows, whose consumers all
+    have a native path and whose tables delta-rs can write, runs in the driver
+    with delta-rs instead of on Spark; ``spark``: every iteration runs on Spark."""
+    native_max_rows: int = 10_000
+    """The largest change set (estimated from the commits' metrics) a native
+    iteration takes."""
+    native_storage_options: Mapping[str, str] = field(default_factory=dict)
+    """How delta-rs reaches object stores from the driver (``AWS_REGION``,
+    ``AZURE_STORAGE_ACCOUNT_NAME``, ...; values ``${NAME}`` from the environment)."""
     iteration_timeout: float = 3600.0
     """An iteration running longer is cancelled (its Spark jobs too) and retried."""
     retry_base: float = 5.0
@@ -254,6 +264,12 @@ class EngineConfig:
         _positive(self.max_query_restarts, "engine.max_query_restarts")
         _positive(self.bulk_tasks_per_tick, "engine.bulk_tasks_per_tick")
         _positive(self.bulk_task_attempts, "engine.bulk_task_attempts")
+        if self.small_iterations not in ("auto", "spark"):
+            raise InvalidConfigError(
+                f"engine.small_iterations must be 'auto' or 'spark', got {self.small_iterations!r}"
+            )
+        if self.native_max_rows < 0:
+            raise InvalidConfigError("engine.native_max_rows must be 0 (never) or positive")
         for f in fields(self):
             if f.name in _DURATIONS:
                 _positive(getattr(self, f.name), f"engine.{f.name}")
@@ -477,7 +493,7 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:  # noqa: C901
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise InvalidConfigError(f"{path} must be a table of sections, one per account")
             kwargs[name] = {str(k): _account_values(v, f"{path}.{k}") for k, v in value.items()}
-        elif name in ("conf", "options", "source_options"):
+        elif name in ("conf", "options", "source_options", "native_storage_options"):
             if not isinstance(value, dict):
                 raise InvalidConfigError(f"{path} must be a table of strings")
             kwargs[name] = {str(k): str(v) for k, v in value.items()}

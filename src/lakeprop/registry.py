@@ -53,6 +53,8 @@ class ConsumerType:
     """Source columns the consumer matches its target on, by equality and under
     the same names; the engine bounds them by the change set (see
     :meth:`~lakeprop.consumers.base.ConsumerContext.in_change_range`)."""
+    native: bool = False
+    """Whether the consumer can apply a small change set without Spark (delta-rs)."""
     check_source: Callable[[Mapping[str, Any], Any, Any], None] = field(
         default=lambda options, schema, spark: None
     )
@@ -141,6 +143,7 @@ def _as_consumer_type(name: str, target: object) -> ConsumerType:
             factory=consumer,
             key_columns=consumer.key_columns,
             check_source=consumer.check_source,
+            native=bool(consumer.native),
         )
     raise UnknownConsumerError(
         f"consumer {name!r} names {target!r}, which is neither a Consumer subclass "

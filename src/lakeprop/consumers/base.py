@@ -34,6 +34,12 @@ A consumer must
   the job's watermark after ``snapshot`` or ``apply_changes`` returns;
 * use ``context.spark`` (the worker's own session) for all Spark work, so that
   cancelling the iteration cancels its Spark jobs.
+
+A consumer that can also apply a small change set in the driver, without Spark
+(delta-rs; :mod:`lakeprop.consumers.native`), sets ``native = True`` and
+implements ``apply_changes_native(changes, from_version, to_version)``, where
+``changes`` is the same rows as an Arrow table. The engine decides which of the
+two methods a tail calls; both must leave the target the same.
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -56,6 +62,8 @@ from lakeprop.spec import JobKey, target_table
 from lakeprop.tables.probe import DeltaLogProbe
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from lakeprop.tables.resolve import TableHandle
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -90,6 +98,9 @@ class ConsumerContext:
     """The engine's last change per key of this member's change set, computed
     once for every consumer of the iteration with the same key and start and
     held (checkpointed); None where nothing holds it (:meth:`latest_changes`)."""
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+    """How delta-rs reaches the tables (``engine.native_storage_options``), for
+    ``apply_changes_native``."""
     key_bounds: Bounds | None = None
     """Least and greatest value, in this member's change set, of the key columns
     its consumer type names (``Consumer.key_columns``), by lower-case column
@@ -213,6 +224,9 @@ class Consumer(ABC):
     last version a MERGE already applied to it.
     """
 
+    native: ClassVar[bool] = False
+    """Whether :meth:`apply_changes_native` applies a small change set without Spark."""
+
     def __init__(self, context: ConsumerContext) -> None:
         self.context = context
         self.__target: TableHandle | None = None  # mangled: subclasses keep the name _target
@@ -291,3 +305,7 @@ class Consumer(ABC):
     @abstractmethod
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         """Apply the changes of versions ``(from_version, to_version]``."""
+
+    def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
+        """Apply the same changes, given as an Arrow table, in the driver (``native``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no native path")

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from lakeprop.consumers import native
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.options import (
     TARGET_OPTIONS,
@@ -33,9 +34,14 @@ from lakeprop.consumers.options import (
 )
 from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 
 class ReplicaConsumer(Consumer):
     """The source's chosen columns, one row per primary key, MERGEd per range."""
+
+    native = True
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,3 +112,17 @@ class ReplicaConsumer(Consumer):
             metrics = merge.execute().first()
         # rows the MERGE inserted, updated or deleted (0 when Delta skipped a replay)
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
+        """The same MERGE with delta-rs, in the driver: the last change per key, one
+        commit carrying the job's transaction, skipped when it is there already."""
+        if changes.num_rows == 0:
+            return 0
+        target = self.require_target()
+        table = native.open_table(target.location(), self.context.storage_options)
+        if native.applied(table, self.context.txn_app_id, to_version):
+            return 0  # written before a crash: the watermark catches up
+        latest = native.latest_change_per_key(changes, self.key)
+        return native.merge_changes(
+            table, latest, self.key, self.columns, self.context.txn_app_id, to_version
+        )

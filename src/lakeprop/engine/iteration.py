@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from pyspark import InheritableThread
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -36,6 +35,7 @@ from lakeprop.consumers.changes import (
     bounds_after,
     latest_change_per_key,
 )
+from lakeprop.engine.failures import member_error
 from lakeprop.engine.model import (
     CancelToken,
     IterationKind,
@@ -45,6 +45,7 @@ from lakeprop.engine.model import (
     MemberResult,
     source_gone,
 )
+from lakeprop.engine.native import NativePlan, NativeSettings, plan_native, run_native
 from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd, group_jobs, task_seconds
 from lakeprop.errors import ErrorCode, LakepropError, PermanentError
 from lakeprop.faults import fault_point
@@ -78,23 +79,6 @@ def _unreadable(exc: BaseException) -> bool:
     return any(marker in text for marker in _UNREADABLE_RANGE)
 
 
-def _error(exc: BaseException, token: CancelToken) -> tuple[int, str]:
-    if token.cancelled:
-        return int(token.code), token.reason
-    if isinstance(exc, LakepropError):
-        return exc.code, str(exc)
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, AnalysisException):
-        # A query that does not resolve (a target altered underneath the job, a
-        # column gone) fails the same way on every retry.
-        return (
-            int(ErrorCode.CONSUMER_FAILED),
-            f"{first_line[:1000]} (a retry will not fix this: repair the target table, or "
-            "update or re-register the job)",
-        )
-    return int(ErrorCode.CONSUMER_ERROR), f"{type(exc).__name__}: {first_line[:1000]}"
-
-
 def run_iteration(
     spark: SparkSession,
     plan: IterationPlan,
@@ -103,8 +87,13 @@ def run_iteration(
     token: CancelToken,
     fan_out: int = 1,
     small_rows: int = 0,
+    native: NativeSettings | None = None,
 ) -> IterationResult:
     """Run one iteration in the calling (worker) thread with its own session.
+
+    A small tail goes the native way (:mod:`lakeprop.engine.native`) when
+    ``native`` allows and every member can: delta-rs in the driver, no Spark job.
+    Otherwise:
 
     The change set is read once and held (checkpointed); up to ``fan_out``
     consumers then read it at once, each in a session of its own (its Delta
@@ -117,6 +106,11 @@ def run_iteration(
     """
     result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
     source = tables.handle(plan.table.database, plan.table.table, spark)
+    if native is not None:
+        where = plan_native(spark, plan, jobs, tables, native)
+        if isinstance(where, NativePlan):
+            return _natively(spark, plan, jobs, tables, token, native, where, result, source)
+        log.debug("iteration %s runs on Spark: %s", plan.iteration_id, where)
     data: DataFrame | None = None
     held: HeldLatest | None = None
     try:
@@ -153,6 +147,31 @@ def run_iteration(
             result.bytes_cached = (result.bytes_cached or 0) + held.release(spark)
         if data is not None:
             _release(data)
+        result.canceled = token.cancelled
+        result.ended_at = time.time()
+        jobs_run = group_jobs(spark, plan.iteration_id)
+        result.spark_jobs = len(jobs_run)
+        result.task_seconds = task_seconds(spark, jobs_run)
+    return result
+
+
+def _natively(
+    spark: SparkSession,
+    plan: IterationPlan,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    token: CancelToken,
+    settings: NativeSettings,
+    where: NativePlan,
+    result: IterationResult,
+    source: TableHandle,
+) -> IterationResult:
+    result.path = "native"
+    try:
+        run_native(spark, plan, jobs, tables, token, settings, where, result)
+    except Exception as exc:
+        _fail_the_rest(result, jobs, source, exc, token)
+    finally:
         result.canceled = token.cancelled
         result.ended_at = time.time()
         jobs_run = group_jobs(spark, plan.iteration_id)
@@ -381,7 +400,7 @@ def _fail_the_rest(
     token: CancelToken,
 ) -> None:
     """Members that did not run get the iteration's error (the source's, if it went)."""
-    code, message = _error(exc, token)
+    code, message = member_error(exc, token)
     if not token.cancelled and not source.exists():
         code, message = int(ErrorCode.SOURCE_NOT_DELTA), source_gone(source)
     done = {m.job_id for m in result.members}
@@ -522,7 +541,7 @@ def _consume(
             changes = data.where(F.col("_commit_version") > start)
             result.rows_written = consumer.apply_changes(changes, start, plan.to_version)
     except Exception as exc:
-        result.error_code, result.error_msg = _error(exc, token)
+        result.error_code, result.error_msg = member_error(exc, token)
         log.warning(
             "job %s (%s) failed in iteration %s: [%s] %s",
             job.key,
@@ -540,10 +559,11 @@ def iteration_work(
     tables: Tables,
     fan_out: int = 1,
     small_rows: int = 0,
+    native: NativeSettings | None = None,
 ) -> Callable[[SparkSession, CancelToken], IterationResult]:
     """The scheduler's work for ``plan``: run it with the worker's session."""
 
     def work(session: SparkSession, token: CancelToken) -> IterationResult:
-        return run_iteration(session, plan, jobs, tables, token, fan_out, small_rows)
+        return run_iteration(session, plan, jobs, tables, token, fan_out, small_rows, native)
 
     return work

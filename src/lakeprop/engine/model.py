@@ -139,6 +139,8 @@ class IterationResult:
     """Bytes the change set or snapshot held in Spark's cache."""
     paused_seconds: float = 0.0
     """The part of its queue wait during which its account was paused by backpressure."""
+    path: str = "spark"
+    """``native`` when delta-rs ran it in the driver (:mod:`lakeprop.engine.native`)."""
 
     @property
     def outcome(self) -> str:
@@ -195,6 +197,7 @@ class IterationResult:
             task_seconds=self.task_seconds,
             bytes_cached=self.bytes_cached,
             paused_seconds=self.paused_seconds,
+            path=self.path,
         )
 
 

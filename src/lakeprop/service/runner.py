@@ -47,6 +47,7 @@ from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
 from lakeprop.engine.model import IterationPlan, IterationResult, MemberJob, Retry
+from lakeprop.engine.native import NativeSettings
 from lakeprop.engine.scheduler import SHUTTING_DOWN, Scheduler
 from lakeprop.engine.selection import TriggerSelection
 from lakeprop.engine.watermarks import advance
@@ -167,6 +168,10 @@ class Runner:
             parts.accounts,
             parts.scheduler.accounts,
         )
+        self.native = NativeSettings(
+            engine.small_iterations, engine.native_max_rows, engine.native_storage_options
+        )
+        """How small tails run natively (:mod:`lakeprop.engine.native`)."""
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
         self.batches = 0
@@ -407,6 +412,7 @@ class Runner:
                 self.tables,
                 self.engine.consumer_threads,
                 self.engine.small_iteration_rows,
+                self.native,
             ),
             {j.member.job_id: j.spec.iteration.consumer.type for j in jobs},
         )

@@ -73,6 +73,7 @@ HISTORY_SCHEMA = StructType(
         StructField("task_seconds", DoubleType(), True),
         StructField("bytes_cached", LongType(), True),
         StructField("paused_seconds", DoubleType(), True),
+        StructField("path", StringType(), True),
     ]
 )
 
@@ -128,6 +129,8 @@ class IterationRecord:
     bytes_cached: int | None = None
     """Bytes the change set or snapshot held in Spark's cache (None: not known)."""
     paused_seconds: float = 0.0
+    path: str = "spark"
+    """Which way the iteration ran: ``spark``, or ``native`` (delta-rs in the driver)."""
     """The part of ``queued_seconds`` its account spent paused by backpressure."""
 
     def as_tuple(self) -> tuple[Any, ...]:

@@ -1,0 +1,163 @@
+"""Applying small change sets in the driver, with delta-rs, instead of a Spark MERGE.
+
+A Spark MERGE of a few rows costs about a second on a small cluster: planning,
+five Spark jobs and a commit. delta-rs (the ``deltalake`` package) MERGEs the same
+rows into the same Delta table in tens of milliseconds, writes the change data
+files when the target has its change feed on, and writes and reads Delta's
+application transaction ids, so a native write is skipped on a replay exactly as
+a Spark one is. The engine decides when an iteration goes this way
+(:mod:`lakeprop.engine.native`); a consumer that can says so with
+``Consumer.native`` and implements ``apply_changes_native`` with these helpers.
+
+A target is written natively only when delta-rs can write every feature its
+protocol uses (:func:`writable`); row tracking, domain metadata, identity
+columns and deletion vectors are left to Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from lakeprop.identifiers import validate_identifier
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+NATIVE_WRITER_FEATURES = frozenset(
+    {"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "timestampNtz"}
+)
+"""Writer features delta-rs writes as Spark does; a table using any other goes to Spark."""
+MAX_READER_VERSION, MAX_WRITER_VERSION = 3, 7
+
+CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+
+
+def available() -> bool:
+    """Whether the ``deltalake`` and ``pyarrow`` packages are installed (the ``native`` extra)."""
+    try:
+        import deltalake  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_table(location: str, storage_options: Mapping[str, str]) -> DeltaTable:
+    from deltalake import DeltaTable
+
+    return DeltaTable(_uri(location), storage_options=dict(storage_options) or None)
+
+
+def _uri(location: str) -> str:
+    """A local path as delta-rs takes it (``file:`` URIs included)."""
+    return location[len("file:") :] if location.startswith("file:/") else location
+
+
+def writable(table: DeltaTable) -> str | None:
+    """Why delta-rs must not write ``table`` (a feature it does not write as Spark
+    does), or None when it may."""
+    protocol = table.protocol()
+    if protocol.min_reader_version > MAX_READER_VERSION:
+        return f"reader version {protocol.min_reader_version}"
+    if protocol.min_writer_version > MAX_WRITER_VERSION:
+        return f"writer version {protocol.min_writer_version}"
+    features = set(protocol.writer_features or ()) | set(protocol.reader_features or ())
+    unknown = sorted(features - NATIVE_WRITER_FEATURES)
+    if unknown:
+        return f"table features {unknown}"
+    if protocol.min_writer_version >= 7 and not protocol.writer_features:
+        return "writer version 7 without features"
+    return None
+
+
+def quoted(column: str) -> str:
+    """A column name in a delta-rs (DataFusion) predicate."""
+    return '"' + validate_identifier(column, "column") + '"'
+
+
+def plain(table: pa.Table) -> pa.Table:
+    """``table`` with Arrow's view types (which delta-rs reads strings and binaries
+    as, and which pyarrow's compute kernels do not all take) cast to the plain ones."""
+    import pyarrow as pa
+
+    def plain_type(data_type: pa.DataType) -> pa.DataType:
+        if pa.types.is_string_view(data_type):
+            return pa.string()
+        if pa.types.is_binary_view(data_type):
+            return pa.binary()
+        if pa.types.is_struct(data_type):
+            return pa.struct([f.with_type(plain_type(f.type)) for f in data_type])
+        if pa.types.is_list(data_type) or pa.types.is_list_view(data_type):
+            return pa.list_(plain_type(data_type.value_type))
+        return data_type
+
+    schema = pa.schema([f.with_type(plain_type(f.type)) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)
+
+
+def latest_change_per_key(changes: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The last change of every key in commit order, pre-images dropped (Arrow); in one
+    commit an insert after a delete of the same key is what the commit leaves."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = changes.filter(pc.not_equal(changes["_change_type"], "update_preimage"))
+    rank = pc.if_else(pc.equal(rows["_change_type"], "delete"), 0, 1)
+    rows = rows.append_column("_rank", rank).append_column(
+        "_row", pa.array(range(rows.num_rows), pa.int64())
+    )
+    rows = rows.sort_by(
+        [("_commit_version", "ascending"), ("_rank", "ascending"), ("_row", "ascending")]
+    )
+    last = (
+        rows.append_column("_order", pa.array(range(rows.num_rows), pa.int64()))
+        .group_by(list(key), use_threads=False)
+        .aggregate([("_order", "max")])
+    )
+    return rows.take(last["_order_max"]).drop_columns(["_rank", "_row"])
+
+
+def applied(table: DeltaTable, app_id: str, version: int) -> bool:
+    """Whether this job's write of ``version`` (or a later one) is in the table."""
+    done = table.transaction_version(app_id)
+    return done is not None and done >= version
+
+
+def merge_changes(
+    table: DeltaTable,
+    latest: pa.Table,
+    key: Sequence[str],
+    columns: Sequence[str],
+    app_id: str,
+    version: int,
+) -> int:
+    """MERGE the last change per key into ``table`` (delete, update, insert) in one
+    commit that records the job's transaction ``version``; the rows it changed."""
+    from deltalake import CommitProperties, Transaction
+
+    source = latest.select([*columns, "_change_type"])
+    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key)
+    values = {quoted(c): f"s.{quoted(c)}" for c in columns}
+    metrics: Mapping[str, Any] = (
+        table.merge(
+            source,
+            on,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+        )
+        .when_matched_delete("s._change_type = 'delete'")
+        .when_matched_update(values)
+        .when_not_matched_insert(values, "s._change_type != 'delete'")
+        .execute()
+    )
+    return sum(
+        int(metrics.get(name) or 0)
+        for name in (
+            "num_target_rows_inserted",
+            "num_target_rows_updated",
+            "num_target_rows_deleted",
+        )
+    )

@@ -1,0 +1,249 @@
+"""The native path: a small tail iteration run in the driver with delta-rs.
+
+With ``engine.small_iterations = "auto"`` a tail goes this way when all of
+these hold (:func:`plan_native`), and on Spark otherwise:
+
+* every member's consumer has a native path (``Consumer.native``);
+* its change set, estimated from the commits' operation metrics before anything
+  is read, is at most ``engine.native_max_rows`` rows;
+* the source and every target open with delta-rs (the storage is reachable from
+  the driver with ``engine.native_storage_options``), and delta-rs writes every
+  feature each target's protocol uses.
+
+A native iteration reads the change set once (delta-rs ``load_cdf``: no Spark
+job) and hands it, as Arrow, to each member's ``apply_changes_native``, which
+checks the target's transaction id and MERGEs with it in the same commit. It
+passes the same fault points as a Spark iteration, so crash recovery is the
+same. The history records which path each iteration took (``path``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from lakeprop.consumers import native
+from lakeprop.consumers.base import ConsumerContext
+from lakeprop.engine.failures import member_error
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    MemberJob,
+    MemberResult,
+)
+from lakeprop.faults import fault_point
+from lakeprop.registry import get_consumer_type
+from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import Tables
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+MAX_VERSIONS = 100
+"""A longer range is a catch-up, not a small iteration: Spark reads it."""
+
+
+@dataclass(frozen=True)
+class NativeSettings:
+    """``engine.small_iterations``, ``engine.native_max_rows`` and the storage options."""
+
+    mode: str = "auto"
+    max_rows: int = 10_000
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "auto" and self.max_rows > 0
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """What a native iteration needs: where the source is, and each target's."""
+
+    source: str
+    targets: dict[int, str]
+    """Job id -> target location."""
+
+
+_UNAVAILABLE_LOGGED: list[bool] = []
+
+
+def why_not(plan: IterationPlan, jobs: Sequence[MemberJob], settings: NativeSettings) -> str | None:
+    """Why a plan cannot run natively, from the plan alone (no I/O); None when it may."""
+    if not settings.enabled:
+        return f"engine.small_iterations = {settings.mode!r}"
+    if plan.kind is not IterationKind.TAIL or plan.from_version is None:
+        return "not a tail"
+    if plan.to_version - plan.from_version > MAX_VERSIONS:
+        return f"more than {MAX_VERSIONS} versions"
+    types = {j.spec.iteration.consumer.type for j in jobs}
+    slow = sorted(t for t in types if not get_consumer_type(t).native)
+    if slow:
+        return f"consumer type(s) {slow} have no native path"
+    return None
+
+
+def plan_native(
+    spark: SparkSession,
+    plan: IterationPlan,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    settings: NativeSettings,
+) -> NativePlan | str:
+    """The native plan of a tail, or why it runs on Spark."""
+    reason = why_not(plan, jobs, settings)
+    if reason is not None:
+        return reason
+    if not native.available():
+        if not _UNAVAILABLE_LOGGED:
+            _UNAVAILABLE_LOGGED.append(True)
+            log.warning(
+                "the deltalake and pyarrow packages are not installed (lakeprop[native]): "
+                "every iteration runs on Spark"
+            )
+        return "deltalake is not installed"
+    try:
+        source = tables.location(plan.table.database, plan.table.table)
+    except Exception as exc:  # a metastore table without a location
+        return f"source location: {exc}"
+    rows = _estimated_rows(spark, source, plan, settings.max_rows)
+    if rows is None or rows > settings.max_rows:
+        return f"more than {settings.max_rows} change rows (engine.native_max_rows)"
+    targets: dict[int, str] = {}
+    try:
+        native.open_table(source, settings.storage_options)
+        for job in jobs:
+            context = _context(spark, job, tables, settings, 0, None)
+            target = get_consumer_type(job.spec.iteration.consumer.type).factory(context).target
+            location = target.location()
+            blocked = native.writable(native.open_table(location, settings.storage_options))
+            if blocked is not None:
+                return f"target {target} uses {blocked}, which delta-rs does not write"
+            targets[job.member.job_id] = location
+    except Exception as exc:  # unreachable storage, a missing target, no credentials
+        return f"delta-rs cannot open the tables: {str(exc).splitlines()[0][:200]}"
+    return NativePlan(source, targets)
+
+
+def _estimated_rows(
+    spark: SparkSession, location: str, plan: IterationPlan, bound: int
+) -> int | None:
+    """Change rows of the range from the commits' metrics (one commit file each),
+    stopping as soon as the bound is passed; None when a commit cannot tell."""
+    assert plan.from_version is not None
+    probe = DeltaLogProbe(spark)
+    total = 0
+    for version in range(plan.from_version + 1, plan.to_version + 1):
+        rows = probe.change_rows(location, version)
+        if rows is None:
+            return None
+        total += rows
+        if total > bound:
+            return total
+    return total
+
+
+def _context(
+    spark: SparkSession,
+    job: MemberJob,
+    tables: Tables,
+    settings: NativeSettings,
+    rows: int,
+    token: CancelToken | None,
+) -> ConsumerContext:
+    consumer = job.spec.iteration.consumer
+    return ConsumerContext(
+        spark=spark,
+        key=job.key,
+        job_id=job.member.job_id,
+        consumer_type=consumer.type,
+        options=consumer.options,
+        generation=consumer.generation,
+        source_columns=(),
+        locate=lambda database, table: tables.handle(database, table, spark),
+        cancelled=(lambda: token.cancelled) if token is not None else (lambda: False),
+        change_rows=rows,
+        small=True,
+        storage_options=settings.storage_options,
+    )
+
+
+def run_native(
+    spark: SparkSession,
+    plan: IterationPlan,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    token: CancelToken,
+    settings: NativeSettings,
+    where: NativePlan,
+    result: IterationResult,
+) -> None:
+    """Read the range once with delta-rs and hand it to every member, in turn."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    assert plan.from_version is not None
+    source = native.open_table(where.source, settings.storage_options)
+    reader = source.load_cdf(starting_version=plan.from_version + 1, ending_version=plan.to_version)
+    changes: pa.Table = native.plain(pa.table(reader))
+    result.source_scans = 1
+    result.rows_read = token.cached_rows = changes.num_rows
+    result.bytes_cached = token.cached_bytes = int(changes.nbytes)
+    fault_point("iteration.before_write")
+    for i, job in enumerate(jobs):
+        if i:
+            fault_point("iteration.between_consumers")
+        mine = changes
+        start = job.member.from_version
+        assert start is not None
+        if start > plan.from_version:
+            mine = changes.filter(pc.greater(changes["_commit_version"], start))
+        result.members.append(_consume(spark, job, tables, settings, mine, start, plan, token))
+    fault_point("iteration.after_writes")
+
+
+def _consume(
+    spark: SparkSession,
+    job: MemberJob,
+    tables: Tables,
+    settings: NativeSettings,
+    changes: pa.Table,
+    start: int,
+    plan: IterationPlan,
+    token: CancelToken,
+) -> MemberResult:
+    consumer_info = job.spec.iteration.consumer
+    result = MemberResult(
+        job.member.ref,
+        job.member.job_id,
+        consumer_info.type,
+        consumer_spec=consumer_info.canonical(),
+    )
+    if token.cancelled:
+        result.error_code, result.error_msg = int(token.code), token.reason
+        return result
+    context = _context(spark, job, tables, settings, changes.num_rows, token)
+    columns = tuple(c for c in changes.column_names if c not in native.CDF_COLUMNS)
+    context = dataclasses.replace(context, source_columns=columns)
+    try:
+        consumer = get_consumer_type(consumer_info.type).factory(context)
+        result.rows_written = consumer.apply_changes_native(changes, start, plan.to_version)
+    except Exception as exc:
+        result.error_code, result.error_msg = member_error(exc, token)
+        log.warning(
+            "job %s (%s) failed in native iteration %s: [%s] %s",
+            job.key,
+            consumer_info.type,
+            plan.iteration_id,
+            result.error_code,
+            result.error_msg,
+        )
+    return result

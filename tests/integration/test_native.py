@@ -1,0 +1,212 @@
+"""The native path: small tails MERGEd by delta-rs in the driver, equal to Spark's.
+
+Every version of a replica and a secondary index is compared whole with the
+source at the version it records, in both modes (``auto``: native where it can,
+``spark``: never); one target is written by both paths in turn; each fallback
+(a target with row tracking, a change set over the bound, storage delta-rs
+cannot reach) runs on Spark and ends equal; the running service records the
+path each iteration took.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from devkit.iterations import HandDriven, recorded_versions
+from devkit.workload import SCHEMA, Workload
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.engine.native import NativeSettings
+from lakeprop.spec import JobKey
+from tests.integration.helpers import (
+    cdf_source,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
+
+pytestmark = pytest.mark.integration
+
+JOBS = {
+    "copy": ({"type": "replica", "options": {"primary_key": ["id"]}}, ["id", "g", "v", "body"]),
+    "by_g": (
+        {"type": "secondary_index", "options": {"columns": ["g"], "primary_key": ["id"]}},
+        ["g", "id"],
+    ),
+}
+
+
+def source_table(spark: SparkSession, warehouse: Path) -> str:
+    path = f"{warehouse}/p/src"
+    DeltaTable.create(spark).location(path).addColumns(
+        spark.createDataFrame([], SCHEMA).schema
+    ).property("delta.enableChangeDataFeed", "true").execute()
+    return path
+
+
+def set_property(spark: SparkSession, path: str, name: str) -> None:
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({name} = true)")
+
+
+def at(spark: SparkSession, path: str, version: int) -> DataFrame:
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+@pytest.mark.parametrize("mode", ["auto", "spark"])
+def test_every_version_of_a_replica_and_an_index_equals_the_source_in_both_modes(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    path = source_table(spark, tmp_path)
+    workload = Workload(spark, path, seed=8)
+    workload.burst(3)
+    settings = NativeSettings(mode=mode)
+    drivers = {
+        name: HandDriven(
+            spark, str(tmp_path), JobKey(1, "p", "src", name), consumer, native=settings
+        )
+        for name, (consumer, _) in JOBS.items()
+    }
+    for driver in drivers.values():
+        driver.snapshot(latest_version(spark, path))
+    rng = random.Random(4)
+    paths = set()
+    for _ in range(5):
+        workload.burst(rng.randint(1, 3))
+        workload.update()  # rows the targets hold already: updated, then deleted
+        workload.delete()
+        for driver in drivers.values():
+            paths.add(driver.tail(latest_version(spark, path)).path)
+    assert paths == ({"native"} if mode == "auto" else {"spark"})
+    deleted = DeltaTable.forPath(spark, drivers["copy"].path()).history().collect()
+    assert any(  # the ranges deleted rows the replica held (Spark and delta-rs name it apart)
+        int((r["operationMetrics"] or {}).get(name) or 0)
+        for r in deleted
+        for name in ("numTargetRowsDeleted", "num_target_rows_deleted")
+    )
+    for name, driver in drivers.items():
+        columns = JOBS[name][1]
+        for sink, source in sorted(recorded_versions(driver.path(), driver.job_id).items()):
+            assert_df_equality(
+                driver.read(version=sink).select(*columns),
+                at(spark, path, source).select(*columns),
+                ignore_row_order=True,
+                ignore_nullable=True,
+            )
+
+
+def test_both_paths_write_one_target_in_turn_and_its_feed_shows_every_change(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = source_table(spark, tmp_path)
+    workload = Workload(spark, path, seed=2)
+    workload.burst(2)
+    driver = HandDriven(
+        spark,
+        str(tmp_path),
+        JobKey(1, "p", "src", "copy"),
+        JOBS["copy"][0],
+        native=NativeSettings(),
+    )
+    driver.snapshot(latest_version(spark, path))
+    spark.sql(
+        f"ALTER TABLE delta.`{driver.path()}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+    )
+    feed_from = latest_version(spark, driver.path()) + 1
+    taken = []
+    for native in (True, False, True, False):
+        workload.burst(2)
+        driver.native = NativeSettings() if native else None
+        taken.append(driver.tail(latest_version(spark, path)).path)
+        assert_df_equality(
+            driver.read().select(*JOBS["copy"][1]),
+            spark.read.format("delta").load(path),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+    assert taken == ["native", "spark", "native", "spark"]
+    # replaying the target's own change feed over its starting state gives the target
+    start = {r["id"]: tuple(r) for r in at(spark, driver.path(), feed_from - 1).collect()}
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", feed_from)
+        .load(driver.path())
+        .where("_change_type != 'update_preimage'")
+        .collect()
+    )
+    for row in sorted(feed, key=lambda r: (r["_commit_version"], r["_change_type"] != "delete")):
+        if row["_change_type"] == "delete":
+            start.pop(row["id"])
+        else:
+            start[row["id"]] = (row["id"], row["g"], row["v"], row["body"])
+    assert sorted(start.values(), key=str) == sorted(
+        (tuple(r) for r in driver.read().select(*JOBS["copy"][1]).collect()), key=str
+    )
+
+
+def test_each_fallback_runs_on_spark_and_ends_equal(spark: SparkSession, tmp_path: Path) -> None:
+    # storage delta-rs cannot reach: a Hadoop mount table (viewfs) over the local disk
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    spark.sparkContext._jsc.hadoopConfiguration().set(  # type: ignore[union-attr]
+        "fs.viewfs.mounttable.lakeprop-test.link./wh", f"file://{mounted}"
+    )
+    cases = {
+        "row_tracking": (str(tmp_path / "plain"), NativeSettings()),
+        "over_the_bound": (str(tmp_path / "bounded"), NativeSettings(max_rows=3)),
+        "unreachable": ("viewfs://lakeprop-test/wh", NativeSettings()),
+    }
+    for name, (warehouse, settings) in cases.items():
+        path = source_table(spark, warehouse)  # type: ignore[arg-type]
+        workload = Workload(spark, path, seed=1)
+        workload.burst(2)
+        driver = HandDriven(
+            spark, warehouse, JobKey(1, "p", "src", "copy"), JOBS["copy"][0], native=settings
+        )
+        driver.snapshot(latest_version(spark, path))
+        if name == "row_tracking":
+            set_property(spark, driver.path(), "delta.enableRowTracking")
+        workload.insert(5)  # five change rows: over a bound of three
+        assert driver.tail(latest_version(spark, path)).path == "spark", name
+        assert_df_equality(
+            driver.read().select(*JOBS["copy"][1]),
+            spark.read.format("delta").load(path),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+
+
+def test_the_service_runs_small_tails_natively_and_records_the_path(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    path = cdf_source(spark, app_config, "shop", "quick", SCHEMA)
+    workload = Workload(spark, path, seed=3)
+    key = JobKey(1, "shop", "quick", "copy")
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    client.register_job(
+        key, {"trigger": {"kind": "greedy"}, "iteration": {"consumer": JOBS["copy"][0]}}
+    )
+    config = replace(app_config, engine=replace(app_config.engine, small_iterations="auto"))
+    with running(spark, config):
+        wait_for_watermark(spark, config, key, 0)
+        for _ in range(2):
+            workload.burst(1)
+            wait_for_watermark(spark, config, key, latest_version(spark, path))
+    tails = history(spark, config).where("kind = 'tail'").collect()
+    assert tails and {r["path"] for r in tails} == {"native"}
+    assert {r["spark_jobs"] for r in tails} == {0}
+    assert_df_equality(
+        spark.read.format("delta").load(f"{config.tables.warehouse}/shop/quick_copy"),
+        spark.read.format("delta").load(path),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    client.close()
