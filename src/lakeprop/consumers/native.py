@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from lakeprop.errors import ErrorCode, PermanentError
 from lakeprop.identifiers import validate_identifier
 
 if TYPE_CHECKING:
@@ -70,6 +71,25 @@ def writable(table: DeltaTable) -> str | None:
     if protocol.min_writer_version >= 7 and not protocol.writer_features:
         return "writer version 7 without features"
     return None
+
+
+class TargetAlteredError(PermanentError):
+    """The target lacks a column the job writes: altered underneath the job."""
+
+    default_code = ErrorCode.CONSUMER_FAILED
+
+
+def check_columns(table: DeltaTable, columns: Sequence[str]) -> None:
+    """Raise :class:`TargetAlteredError` when ``table`` lacks one of ``columns`` (as
+    a Spark MERGE fails to resolve them), before anything is written."""
+    present = {f.name.lower() for f in table.schema().fields}
+    missing = [c for c in columns if c.lower() not in present]
+    if missing:
+        raise TargetAlteredError(
+            f"Cannot resolve column(s) {missing} in the target {table.table_uri}, which has "
+            f"{sorted(present)} (a retry will not fix this: repair the target table, or "
+            "update or re-register the job)"
+        )
 
 
 def quoted(column: str) -> str:
@@ -137,6 +157,7 @@ def merge_changes(
     commit that records the job's transaction ``version``; the rows it changed."""
     from deltalake import CommitProperties, Transaction
 
+    check_columns(table, [*key, *columns])
     source = latest.select([*columns, "_change_type"])
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key)
     values = {quoted(c): f"s.{quoted(c)}" for c in columns}

@@ -45,7 +45,13 @@ from lakeprop.engine.model import (
     MemberResult,
     source_gone,
 )
-from lakeprop.engine.native import NativePlan, NativeSettings, plan_native, run_native
+from lakeprop.engine.native import (
+    NativePlan,
+    NativeReadFailed,
+    NativeSettings,
+    plan_native,
+    run_native,
+)
 from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd, group_jobs, task_seconds
 from lakeprop.errors import ErrorCode, LakepropError, PermanentError
 from lakeprop.faults import fault_point
@@ -109,7 +115,11 @@ def run_iteration(
     if native is not None:
         where = plan_native(spark, plan, jobs, tables, native)
         if isinstance(where, NativePlan):
-            return _natively(spark, plan, jobs, tables, token, native, where, result, source)
+            try:
+                return _natively(spark, plan, jobs, tables, token, native, where, result, source)
+            except NativeReadFailed as exc:
+                where = f"delta-rs could not read the changes: {exc}"
+                result = IterationResult(plan=plan, kind=plan.kind, started_at=time.time())
         log.debug("iteration %s runs on Spark: %s", plan.iteration_id, where)
     data: DataFrame | None = None
     held: HeldLatest | None = None
@@ -169,6 +179,8 @@ def _natively(
     result.path = "native"
     try:
         run_native(spark, plan, jobs, tables, token, settings, where, result)
+    except NativeReadFailed:
+        raise
     except Exception as exc:
         _fail_the_rest(result, jobs, source, exc, token)
     finally:
@@ -176,7 +188,9 @@ def _natively(
         result.ended_at = time.time()
         jobs_run = group_jobs(spark, plan.iteration_id)
         result.spark_jobs = len(jobs_run)
-        result.task_seconds = task_seconds(spark, jobs_run)
+        # the driver did the work: its time is what the iteration cost (usage, budgets)
+        driver = result.ended_at - result.started_at
+        result.task_seconds = (task_seconds(spark, jobs_run) or 0.0) + driver
     return result
 
 

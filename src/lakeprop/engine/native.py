@@ -73,6 +73,11 @@ class NativePlan:
     """Job id -> target location."""
 
 
+class NativeReadFailed(Exception):
+    """delta-rs could not read the change set (files vacuumed, say): nothing was
+    written, and the iteration runs on Spark, which decides what the failure means."""
+
+
 _UNAVAILABLE_LOGGED: list[bool] = []
 
 
@@ -115,7 +120,9 @@ def plan_native(
     except Exception as exc:  # a metastore table without a location
         return f"source location: {exc}"
     rows = _estimated_rows(spark, source, plan, settings.max_rows)
-    if rows is None or rows > settings.max_rows:
+    if rows is None:
+        return "a commit of the range changes the table's metadata, or its file is gone"
+    if rows > settings.max_rows:
         return f"more than {settings.max_rows} change rows (engine.native_max_rows)"
     targets: dict[int, str] = {}
     try:
@@ -137,15 +144,17 @@ def _estimated_rows(
     spark: SparkSession, location: str, plan: IterationPlan, bound: int
 ) -> int | None:
     """Change rows of the range from the commits' metrics (one commit file each),
-    stopping as soon as the bound is passed; None when a commit cannot tell."""
+    stopping as soon as the bound is passed; None when a commit cannot tell, or
+    changes the table's metadata (Spark reads a change feed across a schema change,
+    or refuses to, as Delta defines)."""
     assert plan.from_version is not None
     probe = DeltaLogProbe(spark)
     total = 0
     for version in range(plan.from_version + 1, plan.to_version + 1):
-        rows = probe.change_rows(location, version)
-        if rows is None:
+        commit = probe.commit_changes(location, version)
+        if commit is None or commit.metadata:
             return None
-        total += rows
+        total += commit.rows
         if total > bound:
             return total
     return total
@@ -191,9 +200,14 @@ def run_native(
     import pyarrow.compute as pc
 
     assert plan.from_version is not None
-    source = native.open_table(where.source, settings.storage_options)
-    reader = source.load_cdf(starting_version=plan.from_version + 1, ending_version=plan.to_version)
-    changes: pa.Table = native.plain(pa.table(reader))
+    try:
+        source = native.open_table(where.source, settings.storage_options)
+        reader = source.load_cdf(
+            starting_version=plan.from_version + 1, ending_version=plan.to_version
+        )
+        changes: pa.Table = native.plain(pa.table(reader))
+    except Exception as exc:
+        raise NativeReadFailed(str(exc).splitlines()[0][:300] if str(exc) else repr(exc)) from exc
     result.source_scans = 1
     result.rows_read = token.cached_rows = changes.num_rows
     result.bytes_cached = token.cached_bytes = int(changes.nbytes)

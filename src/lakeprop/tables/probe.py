@@ -33,6 +33,16 @@ class LogMetadata:
     """The table's schema as Delta stores it (Spark's JSON form of a ``StructType``)."""
 
 
+@dataclass(frozen=True)
+class CommitChanges:
+    """What one commit changed, from its commit file."""
+
+    rows: int
+    """Its estimated Change Data Feed rows (:func:`estimate_change_rows`)."""
+    metadata: bool
+    """Whether it changed the table's metadata or protocol (a schema change among them)."""
+
+
 def estimate_change_rows(metrics: Mapping[str, object], added_rows: int) -> int:
     """Change Data Feed rows a commit yields, from its ``operationMetrics``.
 
@@ -165,12 +175,19 @@ class DeltaLogProbe:
     def change_rows(self, location: str, version: int) -> int | None:
         """Estimated change rows of commit ``version`` (:func:`estimate_change_rows`),
         read from its commit file; None when that file is gone."""
+        commit = self.commit_changes(location, version)
+        return None if commit is None else commit.rows
+
+    def commit_changes(self, location: str, version: int) -> CommitChanges | None:
+        """What commit ``version`` changed: its estimated change rows, and whether it
+        changed the table's metadata (schema, properties); None when its file is gone."""
         files = self.files_for(location)
         path = self._log(location, self._commit(version))
         if not files.exists(path):
             return None
         metrics: Mapping[str, object] = {}
         added = 0
+        metadata = False
         for line in files.lines(path):
             if line.startswith('{"commitInfo"'):
                 metrics = json.loads(line)["commitInfo"].get("operationMetrics") or {}
@@ -178,7 +195,9 @@ class DeltaLogProbe:
                 add = json.loads(line)["add"]
                 if add.get("dataChange", True) and add.get("stats"):
                     added += int(json.loads(add["stats"]).get("numRecords", 0))
-        return estimate_change_rows(metrics, added)
+            elif line.startswith('{"metaData"') or line.startswith('{"protocol"'):
+                metadata = True
+        return CommitChanges(estimate_change_rows(metrics, added), metadata)
 
     def commit_time(self, location: str, version: int) -> float | None:
         """When commit ``version`` was made (its ``commitInfo`` timestamp, in epoch
