@@ -46,7 +46,7 @@ from lakeprop.config import EngineConfig
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
-from lakeprop.engine.model import IterationPlan, IterationResult, MemberJob, Retry
+from lakeprop.engine.model import IterationKind, IterationPlan, IterationResult, MemberJob, Retry
 from lakeprop.engine.native import NativeSettings
 from lakeprop.engine.scheduler import SHUTTING_DOWN, Scheduler
 from lakeprop.engine.selection import TriggerSelection
@@ -178,6 +178,8 @@ class Runner:
         """Micro-batches processed (ticks), for waiting on the service without sleeping."""
         self.tables_probed = 0
         """Delta log probes of trigger selection since the start (metrics, tests)."""
+        self.tails_recorded = 0
+        """Tail iterations whose results were recorded since the start (benchmarks)."""
         self.log_collects = 0
         """Micro-batches whose change log part was collected (a Spark job); the others
         were known empty from the offset log."""
@@ -291,6 +293,7 @@ class Runner:
         rows = self.catalog.by_id()
         names = {r.job_id: r.job_name for r in rows.values()}
         records = [r.record(names) for r in results]
+        self.tails_recorded += sum(r.kind is IterationKind.TAIL for r in results)
         self.history.record(records)
         fault_point("history.written")
         if self.usage is not None:

@@ -1,0 +1,416 @@
+"""Many: N tables x K consumers, as NxK DIY streaming queries or as one service.
+
+The comparison that says why the service exists. ``tables`` source tables with
+``k`` replicas each:
+
+* DIY: NxK Structured Streaming queries in one driver, each reading one table's
+  change feed (``readChangeFeed``, ``processingTime`` = ``trigger``) and MERGEing
+  into its replica, as a Spark user writes them today;
+* lakeprop: one service with the same NxK ``replica`` jobs, commit notifications
+  on (the writer announces each commit, as the listener does).
+
+For each side, one after the other in this process:
+
+* **start-up**: from starting until every query has run a micro-batch (DIY), or
+  until every job has its first snapshot (lakeprop);
+* **idle**, ``idle`` seconds with no commit: the driver's CPU (the JVM and this
+  Python process together), then file-system operations per minute on the side's
+  own files (sources, sinks, checkpoints, state), traced (:func:`traced_operations`:
+  on an object store each is a paid request; Hadoop's statistics count no
+  operations on a local disk);
+* **trickle**, one commit per second on random tables for ``trickle`` seconds:
+  commit-to-sink latency p50 and p95, and whether the side kept up (every commit
+  reached every sink of its table within the bound);
+* the driver's memory (JVM and Python resident sizes) at the end.
+
+The commits are written with delta-rs, as a writer outside this Spark would.
+The check: every replica of both sides equals its source at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from bench.common import (
+    SCHEMA,
+    Figure,
+    Result,
+    app_config,
+    cdf_table,
+    diy_merge,
+    percentile,
+    same_rows,
+    wait_until,
+)
+from bench.latency import _commit_time, _diy_visible, _lakeprop_visible
+from lakeprop.client.api import LakepropClient
+from lakeprop.service.app import PropagationApp
+from lakeprop.spec import JobKey
+
+TITLE = "many"
+"""The benchmark's name in its results."""
+
+REPLICA = {"type": "replica", "options": {"primary_key": ["id"]}}
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    return int(spark.sparkContext._gateway.proc.pid)  # type: ignore[union-attr]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far, and of this one."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return (int(fields[11]) + int(fields[12])) / ticks + own.user + own.system
+
+
+def live_mib(spark: SparkSession) -> float:
+    """The driver's live memory, MiB: the JVM's heap in use after a full collection
+    (both sides share this JVM, whose resident size never shrinks), and this
+    Python process's resident size."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.java.lang.System.gc()
+    runtime = jvm.java.lang.Runtime.getRuntime()
+    heap = int(runtime.totalMemory()) - int(runtime.freeMemory())
+    python = 0
+    for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            python = int(line.split()[1]) * 1024
+    return (heap + python) / 2**20
+
+
+def traced_operations(pids: list[int], seconds: float, *under: str) -> list[int]:
+    """File-system operations these processes make in ``seconds`` on paths under
+    each of ``under``: opens of such a path, traced with ``strace``. Opening a directory
+    lists it (a LIST request on an object store), opening a file reads it (a GET);
+    the stat of every entry a local listing makes is left out, as an object store's
+    LIST returns those. Hadoop's ``FileSystem`` statistics would be the direct
+    measure, but on the local file system they count bytes, not operations."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "trace"
+        command = ["strace", "-f", "-qq", "-e", "trace=open,openat", "-o", str(out)]
+        for pid in pids:
+            command += ["-p", str(pid)]
+        tracer = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        time.sleep(seconds)
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=60)
+        lines = out.read_text(errors="replace").splitlines()
+        return [sum(f'"{prefix}' in line for line in lines) for prefix in under]
+
+
+def _tables(spark: SparkSession, warehouse: Path, count: int) -> list[str]:
+    template = warehouse / "_template" / "t"
+    cdf_table(spark, str(template))
+    spark.createDataFrame([(0, "n0", 0.0)], SCHEMA).write.format("delta").mode("append").save(
+        str(template)
+    )
+    paths = []
+    for i in range(count):
+        shutil.copytree(template, warehouse / "db" / f"t{i}")
+        paths.append(str(warehouse / "db" / f"t{i}"))
+    return paths
+
+
+def _commit(path: str, n: int) -> int:
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    row = pa.table(
+        {
+            "id": pa.array([1_000_000 + n], pa.int32()),
+            "name": pa.array([f"w{n}"]),
+            "amount": pa.array([float(n)]),
+        }
+    )
+    write_deltalake(path, row, mode="append")
+    return int(DeltaTable(path).version())
+
+
+def _trickle(
+    paths: list[str], seconds: int, seed: int, announce: Any = None
+) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    done = []
+    start = time.monotonic()
+    for n in range(seconds):
+        path = rng.choice(paths)
+        version = _commit(path, seed * 100_000 + n)
+        if announce is not None:
+            announce(path, version)
+        done.append((path, version))
+        time.sleep(max(0.0, start + n + 1 - time.monotonic()))
+    return done
+
+
+@dataclass(frozen=True)
+class Settings:
+    trigger: int
+    settle: int
+    idle: int
+    trickle: int
+    bound: float
+    seed: int
+
+
+class DiyQuery:
+    """One DIY streaming query: a table's change feed MERGEd into one replica."""
+
+    def __init__(self, source: str, target: str, checkpoint: Path) -> None:
+        self.source, self.target, self.checkpoint = source, target, checkpoint
+        self.batches: list[tuple[int, float]] = []
+        self.query: Any = None
+
+    def start(self, spark: SparkSession, trigger: int) -> None:
+        def merge(batch: Any, batch_id: int) -> None:
+            diy_merge(batch.sparkSession, self.target, batch, "id")
+            self.batches.append((batch_id, time.time()))
+
+        self.query = (
+            spark.readStream.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", "latest")
+            .load(self.source)
+            .writeStream.option("checkpointLocation", str(self.checkpoint))
+            .foreachBatch(merge)
+            .trigger(processingTime=f"{trigger} seconds")
+            .start()
+        )
+
+    def reached(self, version: int) -> bool:
+        return any(v >= version for v, _ in _diy_visible(self.checkpoint, self.batches))
+
+    def visible_at(self, version: int) -> float:
+        seen = [at for v, at in _diy_visible(self.checkpoint, self.batches) if v >= version]
+        return min(seen, default=float("inf"))
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+
+
+class Measured:
+    """What one side measured."""
+
+    def __init__(self) -> None:
+        self.startup_s = 0.0
+        self.idle_cpu = 0.0
+        self.idle_fs_per_min = 0.0
+        self.idle_table_fs_per_min = 0.0
+        self.p50 = float("nan")
+        self.p95 = float("nan")
+        self.kept_up = False
+        self.memory_mib = 0.0
+        self.equal = False
+
+
+def _idle(
+    spark: SparkSession, seconds: int, settle: int, own: str, tables: str
+) -> tuple[float, float, float]:
+    """(cores used, file-system operations per minute on the side's ``own`` files
+    and on its ``tables`` alone) over ``seconds`` of quiet after ``settle`` more
+    (the first seconds after a start still compile and flush what it left),
+    then as long again with the operations traced (the tracer slows what it
+    traces, so the CPU is measured without it)."""
+    time.sleep(settle)
+    pid = jvm_pid(spark)
+    cpu = cpu_seconds(pid)
+    time.sleep(seconds)
+    used = (cpu_seconds(pid) - cpu) / seconds
+    everything, on_tables = traced_operations([pid, os.getpid()], seconds, own, tables)
+    return used, everything * 60 / seconds, on_tables * 60 / seconds
+
+
+def _diy(
+    spark: SparkSession, workdir: Path, paths: list[str], k: int, settings: Settings
+) -> Measured:
+    out = Measured()
+    queries = []
+    for path in paths:
+        for r in range(k):
+            target = f"{path}_r{r}"
+            spark.read.format("delta").load(path).write.format("delta").save(target)
+            checkpoint = workdir / "diy" / "checkpoints" / f"{Path(path).name}_r{r}"
+            queries.append(DiyQuery(path, target, checkpoint))
+    started = time.monotonic()
+    for query in queries:
+        query.start(spark, settings.trigger)
+    try:
+        wait_until(lambda: all(q.query.lastProgress is not None for q in queries), 1800, 0.5)
+        out.startup_s = time.monotonic() - started
+        out.idle_cpu, out.idle_fs_per_min, out.idle_table_fs_per_min = _idle(
+            spark, settings.idle, settings.settle, str(workdir / "diy"), str(Path(paths[0]).parent)
+        )
+        commits = _trickle(paths, settings.trickle, settings.seed)
+
+        def reached() -> bool:
+            return all(q.reached(v) for p, v in commits for q in queries if q.source == p)
+
+        out.kept_up = _eventually(reached, settings.bound + settings.trigger)
+        latencies = [
+            q.visible_at(version) - _commit_time(path, version)
+            for path, version in commits
+            for q in queries
+            if q.source == path
+        ]
+        out.p50, out.p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
+        out.kept_up = out.kept_up and out.p95 <= settings.bound
+        out.memory_mib = live_mib(spark)
+    finally:
+        for query in queries:
+            query.stop()
+    out.equal = all(
+        same_rows(
+            spark.read.format("delta").load(q.target), spark.read.format("delta").load(q.source)
+        )
+        for q in queries
+    )
+    return out
+
+
+def _read(spark: SparkSession, path: str) -> Any:
+    return spark.read.format("delta").load(path)
+
+
+def _eventually(check: Any, timeout: float) -> bool:
+    try:
+        wait_until(check, timeout, 0.5)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _lakeprop(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap_servers: str,
+    paths: list[str],
+    k: int,
+    settings: Settings,
+) -> Measured:
+    out = Measured()
+    config = app_config(workdir, bootstrap_servers, workers=2)
+    config = replace(
+        config,
+        tick_interval=float(settings.trigger),  # as often as the DIY queries' trigger
+        notifications=replace(config.notifications, enabled=True, sweep_interval=3600.0),
+    )
+    config = replace(
+        config, tables=replace(config.tables, warehouse=str(Path(paths[0]).parents[1]))
+    )
+    client = LakepropClient(config.kafka, config.state, spark)
+    client.register_jobs(
+        [
+            (JobKey(1, "db", Path(p).name, f"r{r}"), {"iteration": {"consumer": REPLICA}})
+            for p in paths
+            for r in range(k)
+        ]
+    )
+    client.close()
+    app = PropagationApp(spark, config)
+    started = time.monotonic()
+    query = app.start()
+    try:
+        wait_until(lambda: all(r.watermark is not None for r in app.catalog.rows()), 3600, 0.5)
+        out.startup_s = time.monotonic() - started
+        out.idle_cpu, out.idle_fs_per_min, out.idle_table_fs_per_min = _idle(
+            spark, settings.idle, settings.settle, str(workdir), str(Path(paths[0]).parent)
+        )
+
+        def announce(path: str, version: int) -> None:
+            assert app.dirty is not None
+            app.dirty.announce(("db", Path(path).name), version, time.time())
+
+        commits = _trickle(paths, settings.trickle, settings.seed, announce)
+        latest: dict[str, int] = {}
+        for path, version in commits:
+            latest[Path(path).name] = max(latest.get(Path(path).name, 0), version)
+
+        def reached() -> bool:
+            return all((r.watermark or -1) >= latest.get(r.table, -1) for r in app.catalog.rows())
+
+        out.kept_up = _eventually(reached, settings.bound + 5)
+        latencies = []
+        for path, version in commits:
+            for r in range(k):
+                seen = [at for v, at in _lakeprop_visible(f"{path}_r{r}") if v >= version]
+                visible = min(seen) if seen else float("inf")
+                latencies.append(visible - _commit_time(path, version))
+        out.p50, out.p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
+        out.kept_up = out.kept_up and out.p95 <= settings.bound
+        out.memory_mib = live_mib(spark)
+    finally:
+        app.stop_query(query)
+        app.shutdown()
+    out.equal = all(
+        same_rows(spark.read.format("delta").load(f"{p}_r{r}"), spark.read.format("delta").load(p))
+        for p in paths
+        for r in range(k)
+    )
+    return out
+
+
+def run(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap_servers: str,
+    tables: int = 50,
+    k: int = 4,
+    trigger: int = 5,
+    idle: int = 60,
+    trickle: int = 60,
+    settle: int = 15,
+    bound: int = 10,
+    seed: int = 1,
+) -> Result:
+    ours_paths = _tables(spark, workdir / "lakeprop" / "warehouse", tables)
+    theirs_paths = _tables(spark, workdir / "diy" / "warehouse", tables)
+    settings = Settings(trigger, settle, idle, trickle, bound, seed)
+    ours = _lakeprop(spark, workdir / "lakeprop", bootstrap_servers, ours_paths, k, settings)
+    theirs = _diy(spark, workdir, theirs_paths, k, settings)
+    return Result(
+        TITLE,
+        {
+            "tables": tables,
+            "k": k,
+            "queries": tables * k,
+            "trigger_s": trigger,
+            "idle_s": idle,
+            "trickle_s": trickle,
+        },
+        [
+            Figure("start-up", "s", ours.startup_s, theirs.startup_s),
+            Figure("idle driver CPU", "cores", ours.idle_cpu, theirs.idle_cpu),
+            Figure(
+                "idle file-system operations",
+                "per_min",
+                ours.idle_fs_per_min,
+                theirs.idle_fs_per_min,
+            ),
+            Figure(
+                "idle file-system operations on tables",
+                "per_min",
+                ours.idle_table_fs_per_min,
+                theirs.idle_table_fs_per_min,
+            ),
+            Figure("trickle commit to sink p50", "s", ours.p50, theirs.p50),
+            Figure("trickle commit to sink p95", "s", ours.p95, theirs.p95),
+            Figure("kept up with the trickle", "count", int(ours.kept_up), int(theirs.kept_up)),
+            Figure("driver memory", "MiB", ours.memory_mib, theirs.memory_mib),
+        ],
+        {"lakeprop_replicas_equal": ours.equal, "diy_replicas_equal": theirs.equal},
+        baseline=f"{tables * k} DIY readChangeFeed queries in one driver, {trigger} s trigger",
+    )

@@ -1,0 +1,74 @@
+"""Small tail: one changed row in 1,000, applied to a replica, natively and on Spark.
+
+A source of ``rows`` rows and its ``replica`` job, synced. Each repeat updates
+one row (one commit) and runs the job's tail iteration twice over the same
+range, on two replicas: once the native way (delta-rs in the driver) and once on
+Spark, which is how every small tail ran before the native path (a Spark
+MERGE: planning, several Spark jobs and a commit). The figure is the median of
+the repeats; the check: both replicas equal the source.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from bench.common import SCHEMA, Figure, Result, cdf_table, latest_version, same_rows, stopwatch
+from devkit.iterations import HandDriven
+from lakeprop.engine.native import NativeSettings
+from lakeprop.spec import JobKey
+
+TITLE = "small tail"
+"""The benchmark's name in its results."""
+
+REPLICA = {"type": "replica", "options": {"primary_key": ["id"]}}
+
+
+def run(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap_servers: str,
+    rows: int = 1000,
+    repeats: int = 5,
+) -> Result:
+    del bootstrap_servers  # iterations run by hand: no broker
+    warehouse = str(workdir / "warehouse")
+    path = f"{warehouse}/db/src"
+    cdf_table(spark, path)
+    spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(rows)], SCHEMA).write.format(
+        "delta"
+    ).mode("append").save(path)
+    native = HandDriven(
+        spark, warehouse, JobKey(1, "db", "src", "native"), REPLICA, native=NativeSettings()
+    )
+    on_spark = HandDriven(spark, warehouse, JobKey(1, "db", "src", "spark"), REPLICA, job_id=2)
+    for driver in (native, on_spark):
+        driver.snapshot(latest_version(spark, path))
+    native_s: list[float] = []
+    spark_s: list[float] = []
+    paths = set()
+    for n in range(repeats + 1):  # the first round warms both paths up, untimed
+        spark.sql(f"UPDATE delta.`{path}` SET amount = amount + 1 WHERE id = {n * 7 % rows}")
+        version = latest_version(spark, path)
+        with stopwatch() as elapsed:
+            paths.add(native.tail(version).path)
+        if n:
+            native_s.append(elapsed[0])
+        with stopwatch() as elapsed:
+            on_spark.tail(version)
+        if n:
+            spark_s.append(elapsed[0])
+    source = spark.read.format("delta").load(path)
+    return Result(
+        TITLE,
+        {"rows": rows, "changed_rows": 1, "repeats": repeats},
+        [Figure("one-row tail", "s", statistics.median(native_s), statistics.median(spark_s))],
+        {
+            "native_replica_equals_source": same_rows(native.read(), source),
+            "spark_replica_equals_source": same_rows(on_spark.read(), source),
+            "the_native_path_ran": paths == {"native"},
+        },
+        baseline="the same tail on Spark (every small tail before the native path)",
+    )
