@@ -190,6 +190,14 @@ class DiyQuery:
             .start()
         )
 
+    @property
+    def started(self) -> bool:
+        return self.query.lastProgress is not None
+
+    @property
+    def failed(self) -> bool:
+        return not self.query.isActive
+
     def reached(self, version: int) -> bool:
         return any(v >= version for v, _ in _diy_visible(self.checkpoint, self.batches))
 
@@ -214,6 +222,8 @@ class Measured:
         self.p95 = float("nan")
         self.kept_up = False
         self.memory_mib = 0.0
+        self.failed = 0
+        """Queries that failed (DIY), or jobs in error (lakeprop)."""
         self.equal = False
 
 
@@ -249,7 +259,8 @@ def _diy(
     for query in queries:
         query.start(spark, settings.trigger)
     try:
-        wait_until(lambda: all(q.query.lastProgress is not None for q in queries), 1800, 0.5)
+        # every query has run a micro-batch, or failed (a driver too small for them all)
+        wait_until(lambda: all(q.started or q.failed for q in queries), 1800, 0.5)
         out.startup_s = time.monotonic() - started
         out.idle_cpu, out.idle_fs_per_min, out.idle_table_fs_per_min = _idle(
             spark, settings.idle, settings.settle, str(workdir / "diy"), str(Path(paths[0]).parent)
@@ -257,26 +268,30 @@ def _diy(
         commits = _trickle(paths, settings.trickle, settings.seed)
 
         def reached() -> bool:
-            return all(q.reached(v) for p, v in commits for q in queries if q.source == p)
+            return all(
+                q.reached(v) for p, v in commits for q in queries if q.source == p and not q.failed
+            )
 
         out.kept_up = _eventually(reached, settings.bound + settings.trigger)
+        alive = [q for q in queries if not q.failed]
         latencies = [
             q.visible_at(version) - _commit_time(path, version)
             for path, version in commits
-            for q in queries
+            for q in alive
             if q.source == path
         ]
         out.p50, out.p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
-        out.kept_up = out.kept_up and out.p95 <= settings.bound
+        out.failed = len(queries) - len(alive)
+        out.kept_up = out.kept_up and out.p95 <= settings.bound and not out.failed
         out.memory_mib = live_mib(spark)
     finally:
         for query in queries:
             query.stop()
-    out.equal = all(
+    out.equal = all(  # the queries that ran: what failed is counted apart
         same_rows(
             spark.read.format("delta").load(q.target), spark.read.format("delta").load(q.source)
         )
-        for q in queries
+        for q in alive
     )
     return out
 
@@ -350,7 +365,8 @@ def _lakeprop(
                 visible = min(seen) if seen else float("inf")
                 latencies.append(visible - _commit_time(path, version))
         out.p50, out.p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
-        out.kept_up = out.kept_up and out.p95 <= settings.bound
+        out.failed = sum(r.job_state == "error" for r in app.catalog.rows())
+        out.kept_up = out.kept_up and out.p95 <= settings.bound and not out.failed
         out.memory_mib = live_mib(spark)
     finally:
         app.stop_query(query)
@@ -409,6 +425,7 @@ def run(
             Figure("trickle commit to sink p50", "s", ours.p50, theirs.p50),
             Figure("trickle commit to sink p95", "s", ours.p95, theirs.p95),
             Figure("kept up with the trickle", "count", int(ours.kept_up), int(theirs.kept_up)),
+            Figure("queries or jobs failed", "count", ours.failed, theirs.failed),
             Figure("driver memory", "MiB", ours.memory_mib, theirs.memory_mib),
         ],
         {"lakeprop_replicas_equal": ours.equal, "diy_replicas_equal": theirs.equal},

@@ -135,6 +135,8 @@ class Report:
     messages: int = 0
     commits: int = 0
     differences: list[str] = field(default_factory=list)
+    paths: dict[str, int] = field(default_factory=dict)
+    """Iterations recorded per path (``spark``, ``native``)."""
 
     def fired(self, point: str) -> None:
         self.points_fired[point] = self.points_fired.get(point, 0) + 1
@@ -145,6 +147,7 @@ class Report:
             f"fault points fired: {dict(sorted(self.points_fired.items()))}\n"
             f"fault points not reached: {self.points_missed}\n"
             f"change log messages: {self.messages}, source commits: {self.commits}\n"
+            f"iterations per path: {dict(sorted(self.paths.items()))}\n"
             f"differences found: {len(self.differences)}"
             + "".join(f"\n  - {d}" for d in self.differences)
         )
@@ -505,7 +508,7 @@ gc_retention = "4s"
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.write_config()
         self.create_sources()
-        # two default-trigger jobs per table: they share iterations from the start
+        # three default-trigger jobs per table: they share iterations from the start
         starters = {
             "orders": ("replica", "fulltext_index", "cdc2"),
             "notes": ("secondary_index", "aggregate_view", "cdc1"),
@@ -515,6 +518,8 @@ gc_retention = "4s"
                 self.register(
                     JobKey(1, "chaos", table, f"{kind[:4]}_base"), kind, {"kind": "default"}
                 )
+        # and one greedy replica, alone in its iterations: small tails on the native path
+        self.register(JobKey(1, "chaos", "orders", "greedy_base"), "replica", {"kind": "greedy"})
         plan: list[str | None] = [*self.settings.points, *([None] * self.settings.random_kills)]
         self.rng.shuffle(plan)
         raised = [p for p in plan if p is not None and self.settings.mode(p) == "raise"]
@@ -772,6 +777,8 @@ gc_retention = "4s"
         )
 
         self.fold_bulks()
+        for r in self._state(state.HISTORY_TABLE).groupBy("path").count().collect():
+            self.report.paths[r["path"]] = r["count"]
         catalog = {
             JobKey(r["account_id"], r["database"], r["table"], r["job_name"]): r
             for r in self._state(state.CATALOG_TABLE).where("drop_at IS NULL").collect()
