@@ -98,16 +98,21 @@ def traced_operations(pids: list[int], seconds: float, *under: str) -> list[int]
     lists it (a LIST request on an object store), opening a file reads it (a GET);
     the stat of every entry a local listing makes is left out, as an object store's
     LIST returns those. Hadoop's ``FileSystem`` statistics would be the direct
-    measure, but on the local file system they count bytes, not operations."""
+    measure, but on the local file system they count bytes, not operations.
+
+    Every thread alive when tracing starts is traced (Spark's and Delta's pools
+    are), but not what they fork: a child forked under ``strace -f`` can be left
+    stopped when the tracer detaches, and the JVM waits on it for ever."""
+    threads = [int(t.name) for pid in pids for t in Path(f"/proc/{pid}/task").iterdir()]
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "trace"
-        command = ["strace", "-f", "-qq", "-e", "trace=open,openat", "-o", str(out)]
-        for pid in pids:
-            command += ["-p", str(pid)]
+        command = ["strace", "-qq", "-e", "trace=open,openat", "-o", str(out)]
+        for tid in threads:
+            command += ["-p", str(tid)]
         tracer = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         time.sleep(seconds)
         tracer.send_signal(signal.SIGINT)
-        tracer.wait(timeout=60)
+        tracer.wait(timeout=120)
         lines = out.read_text(errors="replace").splitlines()
         return [sum(f'"{prefix}' in line for line in lines) for prefix in under]
 
