@@ -1,0 +1,81 @@
+"""The native path's pure helpers: Arrow in, Arrow out, and delta-rs tables on a
+local disk (no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from lakeprop.consumers import native
+from lakeprop.errors import ErrorCode
+
+
+def changes(*rows: tuple[int, str, str, int]) -> pa.Table:
+    """Change feed rows: (id, name, change type, commit version)."""
+    return pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int32()),
+            "name": pa.array([r[1] for r in rows]),
+            "_change_type": pa.array([r[2] for r in rows]),
+            "_commit_version": pa.array([r[3] for r in rows], pa.int64()),
+        }
+    )
+
+
+def test_the_last_change_per_key_follows_commit_order_and_drops_pre_images() -> None:
+    feed = changes(
+        (1, "b", "update_postimage", 3),
+        (1, "a", "insert", 2),
+        (1, "a", "update_preimage", 3),
+        (2, "x", "insert", 2),
+        (2, "x", "delete", 4),
+        # one commit that deletes a key and inserts it again leaves the insert
+        (3, "new", "insert", 5),
+        (3, "old", "delete", 5),
+    )
+    latest = native.latest_change_per_key(feed, ["id"]).sort_by("id")
+    assert latest.to_pylist() == [
+        {"id": 1, "name": "b", "_change_type": "update_postimage", "_commit_version": 3},
+        {"id": 2, "name": "x", "_change_type": "delete", "_commit_version": 4},
+        {"id": 3, "name": "new", "_change_type": "insert", "_commit_version": 5},
+    ]
+
+
+def test_view_types_become_plain_ones_and_a_plain_table_is_left_alone() -> None:
+    viewed = pa.table(
+        {
+            "s": pa.array(["a"], pa.string_view()),
+            "nested": pa.array([{"b": "x"}], pa.struct([("b", pa.string_view())])),
+        }
+    )
+    plain = native.plain(viewed)
+    assert plain.schema == pa.schema(
+        [("s", pa.string()), ("nested", pa.struct([("b", pa.string())]))]
+    )
+    assert plain.to_pylist() == viewed.to_pylist()
+    table = pa.table({"s": ["a"]})
+    assert native.plain(table) is table
+
+
+def test_a_target_lacking_a_written_column_is_a_permanent_error_naming_it(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path / "t"), pa.table({"id": pa.array([1], pa.int32())}))
+    table = DeltaTable(str(tmp_path / "t"))
+    native.check_columns(table, ["ID"])  # names resolve as Spark resolves them
+    with pytest.raises(native.TargetAlteredError) as raised:
+        native.check_columns(table, ["id", "name"])
+    assert raised.value.code == ErrorCode.CONSUMER_FAILED
+    assert "Cannot resolve column(s) ['name']" in str(raised.value)
+    assert "a retry will not fix this" in str(raised.value)
+
+
+def test_a_table_with_a_feature_delta_rs_does_not_write_stays_on_spark(tmp_path: Path) -> None:
+    data = pa.table({"id": pa.array([1], pa.int32())})
+    write_deltalake(str(tmp_path / "plain"), data)
+    assert native.writable(DeltaTable(str(tmp_path / "plain"))) is None
+    write_deltalake(
+        str(tmp_path / "dv"), data, configuration={"delta.enableDeletionVectors": "true"}
+    )
+    assert "deletionVectors" in (native.writable(DeltaTable(str(tmp_path / "dv"))) or "")
