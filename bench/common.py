@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import statistics
 import time
 import uuid
@@ -123,6 +124,29 @@ def wait_until(check: Callable[[], bool], timeout: float, poll: float = 0.05) ->
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not reached within {timeout:.0f}s")
         time.sleep(poll)
+
+
+def eventually(check: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``check`` holds within ``timeout`` seconds."""
+    try:
+        wait_until(check, timeout, 0.2)
+    except TimeoutError:
+        return False
+    return True
+
+
+def sources(spark: SparkSession, warehouse: Path, count: int) -> list[str]:
+    """``count`` one-row change-feed tables ``db.t0``.. under ``warehouse``, copies of one."""
+    template = warehouse / "_template" / "t"
+    cdf_table(spark, str(template))
+    spark.createDataFrame([(0, "n0", 0.0)], SCHEMA).write.format("delta").mode("append").save(
+        str(template)
+    )
+    paths = []
+    for i in range(count):
+        shutil.copytree(template, warehouse / "db" / f"t{i}")
+        paths.append(str(warehouse / "db" / f"t{i}"))
+    return paths
 
 
 def peak_rss_mb() -> float:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -44,14 +43,14 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from bench.common import (
-    SCHEMA,
     Figure,
     Result,
     app_config,
-    cdf_table,
     diy_merge,
+    eventually,
     percentile,
     same_rows,
+    sources,
     wait_until,
 )
 from bench.latency import _commit_time, _diy_visible, _lakeprop_visible
@@ -122,19 +121,6 @@ def traced_operations(pids: list[int], seconds: float, *under: str) -> list[int]
         tracer.wait(timeout=120)
         lines = out.read_text(errors="replace").splitlines()
         return [sum(f'"{prefix}' in line for line in lines) for prefix in under]
-
-
-def _tables(spark: SparkSession, warehouse: Path, count: int) -> list[str]:
-    template = warehouse / "_template" / "t"
-    cdf_table(spark, str(template))
-    spark.createDataFrame([(0, "n0", 0.0)], SCHEMA).write.format("delta").mode("append").save(
-        str(template)
-    )
-    paths = []
-    for i in range(count):
-        shutil.copytree(template, warehouse / "db" / f"t{i}")
-        paths.append(str(warehouse / "db" / f"t{i}"))
-    return paths
 
 
 def _commit(path: str, n: int) -> int:
@@ -290,7 +276,7 @@ def _diy(
                 q.reached(v) for p, v in commits for q in queries if q.source == p and not q.failed
             )
 
-        out.kept_up = _eventually(reached, settings.bound + settings.trigger)
+        out.kept_up = eventually(reached, settings.bound + settings.trigger)
         alive = [q for q in queries if not q.failed]
         latencies = [
             q.visible_at(version) - _commit_time(path, version)
@@ -303,7 +289,7 @@ def _diy(
         out.kept_up = out.kept_up and out.p95 <= settings.bound and not out.failed
         out.memory_mib = live_mib(spark)
         # the check compares whole tables: a side that fell behind gets to catch up first
-        _eventually(reached, CATCH_UP_BOUND_S)
+        eventually(reached, CATCH_UP_BOUND_S)
     finally:
         for query in queries:
             query.stop()
@@ -318,14 +304,6 @@ def _diy(
 
 def _read(spark: SparkSession, path: str) -> Any:
     return spark.read.format("delta").load(path)
-
-
-def _eventually(check: Any, timeout: float) -> bool:
-    try:
-        wait_until(check, timeout, 0.5)
-    except TimeoutError:
-        return False
-    return True
 
 
 def _lakeprop(
@@ -377,7 +355,7 @@ def _lakeprop(
         def reached() -> bool:
             return all((r.watermark or -1) >= latest.get(r.table, -1) for r in app.catalog.rows())
 
-        out.kept_up = _eventually(reached, settings.bound + 5)
+        out.kept_up = eventually(reached, settings.bound + 5)
         latencies = []
         for path, version in commits:
             for r in range(k):
@@ -388,7 +366,7 @@ def _lakeprop(
         out.failed = sum(r.job_state == "error" for r in app.catalog.rows())
         out.kept_up = out.kept_up and out.p95 <= settings.bound and not out.failed
         out.memory_mib = live_mib(spark)
-        _eventually(reached, CATCH_UP_BOUND_S)
+        eventually(reached, CATCH_UP_BOUND_S)
     finally:
         app.stop_query(query)
         app.shutdown()
@@ -413,8 +391,8 @@ def run(
     bound: int = 10,
     seed: int = 1,
 ) -> Result:
-    ours_paths = _tables(spark, workdir / "lakeprop" / "warehouse", tables)
-    theirs_paths = _tables(spark, workdir / "diy" / "warehouse", tables)
+    ours_paths = sources(spark, workdir / "lakeprop" / "warehouse", tables)
+    theirs_paths = sources(spark, workdir / "diy" / "warehouse", tables)
     settings = Settings(trigger, settle, idle, trickle, bound, seed)
     ours = _lakeprop(spark, workdir / "lakeprop", bootstrap_servers, ours_paths, k, settings)
     theirs = _diy(spark, workdir, theirs_paths, k, settings)

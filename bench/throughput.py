@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import random
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,13 +25,13 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from bench.common import (
-    SCHEMA,
     Figure,
     Result,
     app_config,
-    cdf_table,
+    eventually,
     percentile,
     same_rows,
+    sources,
     wait_until,
 )
 from bench.latency import _commit_time, _lakeprop_visible
@@ -47,19 +46,6 @@ SPEC = {
     "trigger": {"kind": "greedy"},
     "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
 }
-
-
-def _tables(spark: SparkSession, warehouse: Path, count: int) -> list[str]:
-    template = warehouse / "_template" / "t"
-    cdf_table(spark, str(template))
-    spark.createDataFrame([(0, "n0", 0.0)], SCHEMA).write.format("delta").mode("append").save(
-        str(template)
-    )
-    paths = []
-    for i in range(count):
-        shutil.copytree(template, warehouse / "db" / f"t{i}")
-        paths.append(str(warehouse / "db" / f"t{i}"))
-    return paths
 
 
 def _write(
@@ -105,7 +91,7 @@ def _side(
     """(highest rate kept up with, tail iterations per second at it, replicas equal)."""
     config = app_config(workdir, bootstrap_servers, small_iterations=mode, workers=2)
     config = replace(config, tick_interval=0.5)
-    paths = _tables(spark, Path(config.tables.warehouse), tables)
+    paths = sources(spark, Path(config.tables.warehouse), tables)
     client = LakepropClient(config.kafka, config.state, spark)
     client.register_jobs([(JobKey(1, "db", f"t{i}", "copy"), SPEC) for i in range(tables)])
     client.close()
@@ -118,7 +104,7 @@ def _side(
             before = _tails(app)
             commits = _write(paths, rate, window, seed + n, (n + 1) * 1_000_000)
             latest = _latest(commits)
-            caught = _eventually(functools.partial(_all_at, app, latest), window + 4 * bound)
+            caught = eventually(functools.partial(_all_at, app, latest), window + 4 * bound)
             latencies = _latencies(commits)
             kept = (
                 caught and len(latencies) == len(commits) and percentile(latencies, 0.95) <= bound
@@ -150,14 +136,6 @@ def _latest(commits: list[tuple[str, int]]) -> dict[str, int]:
 def _all_at(app: PropagationApp, versions: dict[str, Any]) -> bool:
     by_table = {r.table: r.watermark for r in app.catalog.rows() if r.is_live}
     return all((by_table.get(Path(p).name) or -1) >= v for p, v in versions.items())
-
-
-def _eventually(check: Any, timeout: float) -> bool:
-    try:
-        wait_until(check, timeout, 0.2)
-    except TimeoutError:
-        return False
-    return True
 
 
 def _latencies(commits: list[tuple[str, int]]) -> list[float]:
