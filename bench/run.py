@@ -35,6 +35,7 @@ from bench import (  # noqa: E402
     scale,
     small_tail,
     throughput,
+    vectors,
 )
 from bench.common import Result  # noqa: E402
 from devkit.spark import local_session  # noqa: E402
@@ -55,6 +56,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "many": {"tables": 3, "k": 2, "trigger": 1, "settle": 1, "idle": 2, "trickle": 3},
         "auto_cdc_plain": {"keys": 2000, "batch": 200, "commits": 2},
         "auto_cdc_scd2": {"keys": 2000, "batch": 200, "commits": 2},
+        "vectors": {"rows": 3000, "dim": 16, "queries": 20, "tail": 300},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -70,6 +72,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "many": {"tables": 50, "k": 4, "trigger": 5, "idle": 60, "trickle": 60},
         "auto_cdc_plain": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
+        "vectors": {"rows": 100_000, "dim": 128, "queries": 200, "tail": 10_000},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -85,6 +88,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "many": {"tables": 100, "k": 4, "trigger": 5, "idle": 120, "trickle": 120},
         "auto_cdc_plain": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
+        "vectors": {"rows": 1_000_000, "dim": 128, "queries": 200, "tail": 10_000},
     },
 }
 
@@ -102,6 +106,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "many": many.run,
     "auto_cdc_plain": functools.partial(auto_cdc.run, diy_change_feed=0),
     "auto_cdc_scd2": functools.partial(auto_cdc.run, scd=2),
+    "vectors": vectors.run,
 }
 
 

@@ -31,6 +31,7 @@ BUILT_INS = {
     "aggregate_view": "lakeprop.consumers.aggregate_view:AggregateViewConsumer",
     "kafka_changefeed": "lakeprop.consumers.kafka_changefeed:KafkaChangefeedConsumer",
     "auto_cdc": "lakeprop.consumers.auto_cdc:AutoCdcConsumer",
+    "vector_index": "lakeprop.consumers.vector_index:VectorIndexConsumer",
 }
 
 _IMPORT_PATH = re.compile(

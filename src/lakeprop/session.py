@@ -7,6 +7,8 @@ Under ``spark-submit`` or on Databricks a session already exists and
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +25,12 @@ DELTA_CONF = {
 
 
 def build_session(config: SparkConfig) -> SparkSession:
-    """A session with Delta and the Kafka connector, as the config describes."""
+    """A session with Delta and the Kafka connector, as the config describes.
+
+    Python workers run this process's interpreter unless ``PYSPARK_PYTHON`` says
+    otherwise (Spark's default, the first ``python3`` on the PATH, may lack the
+    packages a consumer's Arrow functions import, such as numpy)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(config.app_name)
     if config.master:
         builder = builder.master(config.master)

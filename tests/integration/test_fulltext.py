@@ -221,20 +221,24 @@ def test_bm25_ranks_a_hand_checked_corpus(
     #   + 0.356675 * 2.2 / (1 + 1.2 * (0.25 + 0.75 * 4 / 2.75))    = 1.145796
     # d1: (0.693147 + 0.356675) * 2.2 / (1 + 1.2 * (0.25 + 0.75 * 3 / 2.75)) = 1.012179
     # d4: 0.356675 * 2.2 / (1 + 1.2 * (0.25 + 0.75 * 2 / 2.75))  = 0.401467
-    hits = search(spark, app_config, key, "Quick FOX, the")
+    hits = search(app_config, key, "Quick FOX, the")
     assert [h.key for h in hits] == [{"id": 2}, {"id": 1}, {"id": 4}]
     assert [h.score for h in hits] == pytest.approx([1.145796, 1.012179, 0.401467], abs=1e-6)
+    # a notebook's Spark session ranks the same (Spark reads, Spark ranks)
+    on_spark = search(app_config, key, "Quick FOX, the", spark=spark)
+    assert [h.key for h in on_spark] == [h.key for h in hits]
+    assert [h.score for h in on_spark] == pytest.approx([h.score for h in hits], abs=1e-9)
 
     # equal scores rank by key; limit cuts the list
-    assert search(spark, app_config, key, "dog", limit=1) == [
+    assert search(app_config, key, "dog", limit=1) == [
         SearchHit({"id": 3}, pytest.approx(0.780194, abs=1e-6))
     ]
     # one field only: body holds d2 fox jumps, d3 dog, d4 fox dog: N = 3, avgdl = 5 / 3,
     # idf(fox; df 2) = ln(1 + 1.5 / 2.5) = 0.470004; d2 = d4 = 0.470004 * 2.2 / (1 + 1.2 * 1)
-    body = search(spark, app_config, key, "fox", fields=["body"])
+    body = search(app_config, key, "fox", fields=["body"])
     assert [(h.key["id"], round(h.score, 6)) for h in body] == [(2, 0.434457), (4, 0.434457)]
-    assert search(spark, app_config, key, "the and") == []  # only stop words
-    assert search(spark, app_config, key, "unicorn") == []
+    assert search(app_config, key, "the and") == []  # only stop words
+    assert search(app_config, key, "unicorn") == []
 
     index = index_at(spark, app_config, "corpus_text")
     assert sorted(
@@ -249,11 +253,11 @@ def test_bm25_ranks_a_hand_checked_corpus(
     ]
 
     with pytest.raises(SearchError, match="not a fulltext_index"):
-        search(spark, app_config, JobKey(0, "kb", "corpus", "copy"), "fox")
+        search(app_config, JobKey(0, "kb", "corpus", "copy"), "fox")
     with pytest.raises(SearchError, match="no job"):
-        search(spark, app_config, JobKey(0, "kb", "corpus", "nope"), "fox")
+        search(app_config, JobKey(0, "kb", "corpus", "nope"), "fox")
     with pytest.raises(SearchError, match="not indexed"):
-        search(spark, app_config, key, "fox", fields=["author"])
+        search(app_config, key, "fox", fields=["author"])
 
     base = cli_settings(app_config)
     where = ["--database", "kb", "--table", "corpus", "--name", "text"]

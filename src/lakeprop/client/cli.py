@@ -11,6 +11,9 @@
     lakeprop accounts
     lakeprop notify --database sales --table orders --version 42
     lakeprop search --database kb --table articles --name text "delta merge" --limit 5
+    lakeprop vector-search --database kb --table articles --name vec --vector "[0.1, 0.7]" -k 5
+    lakeprop hybrid-search --database kb --table articles --text-job text --vector-job vec \\
+        "delta merge" --vector "[0.1, 0.7]"
     lakeprop unregister --database sales --table orders --name copy
     lakeprop bulk pause --account 7 --database sales --job 'copy_*' --wait
     lakeprop bulk status b-1a2b3c
@@ -175,6 +178,20 @@ def _client(args: argparse.Namespace, *, with_spark: bool = False) -> Any:
     )
 
 
+def _reader(args: argparse.Namespace) -> Any:
+    """The state reader of a read verb: without Spark (delta-rs) where the service's
+    tables resolve by path and the ``native`` extra is installed, else the Spark
+    client (metastore tables need the session catalog to find sources)."""
+    from lakeprop.consumers import native
+
+    config = _config(args)
+    if config.tables.resolution == "path" and native.available():
+        from lakeprop.client.lakereads import LakeStateReader
+
+        return LakeStateReader(config.state, config.engine.native_storage_options, config.tables)
+    return _client(args, with_spark=True)
+
+
 _PLAIN_OPS: dict[str, Callable[[Any, JobKey], Any]] = {
     "unregister": lambda client, key: client.unregister_job(key),
     "pause": lambda client, key: client.pause_job(key),
@@ -231,11 +248,10 @@ def _wait_bulk(client: Any, receipt: Any, args: argparse.Namespace) -> int:
 def cmd_bulk(args: argparse.Namespace) -> int:
     """``bulk OP`` (pause, resume, resync, update-spec, unregister) with a selector,
     ``bulk cancel|rollback ID``, ``bulk status ID``."""
-    client = _client(args, with_spark=args.action == "status" or getattr(args, "wait", False))
     if args.action == "status":
         from lakeprop.client.render import bulk_table
 
-        status = client.bulk_status(args.bulk_id)
+        status = _reader(args).bulk_status(args.bulk_id)
         if status is None:
             print(f"no bulk operation {args.bulk_id}", file=sys.stderr)
             return 1
@@ -245,6 +261,7 @@ def cmd_bulk(args: argparse.Namespace) -> int:
         else:
             print(bulk_table(status))
         return 0
+    client = _client(args, with_spark=getattr(args, "wait", False))
     if args.action == "cancel":
         receipt = client.cancel_bulk(args.account, args.bulk_id)
     elif args.action == "rollback":
@@ -290,7 +307,7 @@ def _show_jobs(client: Any, jobs: Sequence[Any]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    client = _client(args, with_spark=True)
+    client = _reader(args)
     info = client.get_job_status(_key(args))
     if info is None:
         print(f"no job {_key(args)}", file=sys.stderr)
@@ -320,7 +337,7 @@ def _version(text: str) -> int | str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    client = _client(args, with_spark=True)
+    client = _reader(args)
     jobs = client.list_jobs(state=args.state, account_id=args.account, include_dropped=args.all)
     if args.json:
         for job in jobs:
@@ -333,7 +350,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     from lakeprop.client.render import usage_table
 
-    rows = _client(args, with_spark=True).usage(account_id=args.account, since=args.since)
+    rows = _reader(args).usage(account_id=args.account, since=args.since)
     if args.json:
         for row in rows:
             print(json.dumps(asdict(row), sort_keys=True, default=str))
@@ -345,7 +362,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
 def cmd_accounts(args: argparse.Namespace) -> int:
     from lakeprop.client.render import accounts_table
 
-    rows = _client(args, with_spark=True).accounts()
+    rows = _reader(args).accounts()
     if args.json:
         for row in rows:
             print(json.dumps(asdict(row), sort_keys=True, default=str))
@@ -376,11 +393,62 @@ def cmd_notify(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from lakeprop.client.search import search
 
-    config = _config(args)
-    spark = _session(config)
-    hits = search(spark, config, _key(args), args.query, limit=args.limit, fields=args.field)
+    hits = search(_config(args), _key(args), args.query, limit=args.limit, fields=args.field)
     for hit in hits:
         print(json.dumps({"score": round(hit.score, 6), "key": hit.key}, default=str))
+    return 0
+
+
+def _query_vector(text: str) -> list[float]:
+    value = _json_argument(text, "--vector")
+    if not isinstance(value, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in value
+    ):
+        raise InvalidArgumentError("--vector must be a JSON array of numbers")
+    return [float(x) for x in value]
+
+
+def _filter(args: argparse.Namespace) -> Any:
+    value = _json_argument(args.filter, "--filter") if args.filter else None
+    if value is not None and not isinstance(value, dict):
+        raise InvalidArgumentError("--filter must be a JSON object")
+    return value
+
+
+def cmd_vector_search(args: argparse.Namespace) -> int:
+    from lakeprop.client.vectors import VectorSearch
+
+    searcher = VectorSearch.for_job(_config(args), _key(args))
+    hits = searcher.search(
+        _query_vector(args.vector), k=args.k, nprobe=args.nprobe, filter=_filter(args)
+    )
+    for hit in hits:
+        line = {"distance": round(hit.distance, 6), "key": hit.key, "columns": hit.columns}
+        print(json.dumps(line, default=str))
+    return 0
+
+
+def cmd_hybrid_search(args: argparse.Namespace) -> int:
+    from lakeprop.client.vectors import hybrid_search
+
+    hits = hybrid_search(
+        _config(args),
+        JobKey(args.account, args.database, args.table, args.text_job),
+        JobKey(args.account, args.database, args.table, args.vector_job),
+        args.query,
+        _query_vector(args.vector),
+        k=args.k,
+        nprobe=args.nprobe,
+        filter=_filter(args),
+    )
+    for hit in hits:
+        line = {
+            "score": round(hit.score, 6),
+            "key": hit.key,
+            "text_rank": hit.text_rank,
+            "vector_rank": hit.vector_rank,
+        }
+        print(json.dumps(line, default=str))
     return 0
 
 
@@ -408,6 +476,35 @@ def _add_key(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database", required=True)
     p.add_argument("--table", required=True)
     p.add_argument("--name", required=True, help="job name")
+
+
+def _add_searches(sub: Any) -> None:
+    p = sub.add_parser("search", help="rank documents of a fulltext_index job with BM25")
+    _add_key(p)
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--field", action="append", help="search only this indexed column (repeatable)")
+    p = sub.add_parser("vector-search", help="the k nearest rows of a vector_index job")
+    _add_key(p)
+    _add_vector_query(p)
+    p = sub.add_parser(
+        "hybrid-search",
+        help="BM25 and k-NN over two jobs of one table, fused by reciprocal rank fusion",
+    )
+    p.add_argument("--account", type=int, default=0, help="tenant account id (default 0)")
+    p.add_argument("--database", required=True)
+    p.add_argument("--table", required=True)
+    p.add_argument("--text-job", required=True, help="the fulltext_index job's name")
+    p.add_argument("--vector-job", required=True, help="the vector_index job's name")
+    p.add_argument("query", help="the text query")
+    _add_vector_query(p)
+
+
+def _add_vector_query(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vector", required=True, help="the query vector: a JSON array, or @file")
+    p.add_argument("-k", type=int, default=10, help="how many results (default 10)")
+    p.add_argument("--nprobe", type=int, help="lists to probe (default: the index's)")
+    p.add_argument("--filter", help='included columns\' conditions, JSON: {"lang": "en"}')
 
 
 def _add_spec(p: argparse.ArgumentParser) -> None:
@@ -503,11 +600,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--version", type=int, help="the Delta version committed (default: read the latest)"
     )
-    p = sub.add_parser("search", help="rank documents of a fulltext_index job with BM25")
-    _add_key(p)
-    p.add_argument("query")
-    p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--field", action="append", help="search only this indexed column (repeatable)")
+    _add_searches(sub)
     _add_bulk(sub)
     p = sub.add_parser("broker", help="the local development Kafka broker")
     p.add_argument("action", choices=["start", "stop", "status"])
@@ -538,6 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "accounts": cmd_accounts,
         "notify": cmd_notify,
         "search": cmd_search,
+        "vector-search": cmd_vector_search,
+        "hybrid-search": cmd_hybrid_search,
         "bulk": cmd_bulk,
         "broker": cmd_broker,
     }

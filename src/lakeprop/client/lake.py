@@ -1,0 +1,89 @@
+"""Spark-free reads of Delta tables: delta-rs opens them, Arrow holds the rows.
+
+The read verbs (search, vector search, job status, usage, accounts, bulk
+status) answer in about a second, process start included, because nothing here
+starts a JVM: a local Spark session alone takes tens of seconds. Tables are
+read by path (the service's state always lives by path; consumer targets do
+under ``tables.resolution = "path"``) with the storage options delta-rs needs
+(``engine.native_storage_options``). Nothing here imports PySpark.
+
+Timestamps come back as Spark's ``collect`` gives them, naive in the local
+time zone, so rows read here equal rows read through Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from lakeprop.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+
+def uri(location: str) -> str:
+    """A path as delta-rs takes it (``file:`` URIs become local paths)."""
+    return location[len("file:") :] if location.startswith("file:/") else location
+
+
+class Lake:
+    """Opens Delta tables by path with delta-rs, with the service's storage options."""
+
+    def __init__(self, storage_options: Mapping[str, str] | None = None) -> None:
+        try:
+            import deltalake  # noqa: F401
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InvalidConfigError(
+                "reading without Spark needs the deltalake and pyarrow packages: "
+                "pip install 'lakeprop[native]'"
+            ) from None
+        self.storage_options = dict(storage_options or {})
+
+    def exists(self, path: str) -> bool:
+        from deltalake import DeltaTable
+
+        return bool(
+            DeltaTable.is_deltatable(uri(path), storage_options=self.storage_options or None)
+        )
+
+    def open(self, path: str) -> DeltaTable:
+        from deltalake import DeltaTable
+
+        return DeltaTable(uri(path), storage_options=self.storage_options or None)
+
+    def dataset(self, path: str, files: Sequence[tuple[str, str, Any]] | None = None) -> ds.Dataset:
+        """The table's current version as an Arrow dataset; ``files`` prunes its files
+        by partition values (delta-rs tuple filters)."""
+        table = self.open(path)
+        if files:
+            return table.to_pyarrow_dataset(file_pruning_predicate=list(files))
+        return table.to_pyarrow_dataset()
+
+    def read(self, path: str, columns: Sequence[str] | None = None, where: Any = None) -> pa.Table:
+        """Rows of the table (``where``: an Arrow expression, pushed down to Parquet)."""
+        dataset = self.dataset(path)
+        present = set(dataset.schema.names)
+        wanted = None if columns is None else [c for c in columns if c in present]
+        return dataset.to_table(columns=wanted, filter=where)
+
+    def rows(
+        self, path: str, columns: Sequence[str] | None = None, where: Any = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`read` as Python rows, timestamps naive and local as Spark gives them."""
+        return [local_times(r) for r in self.read(path, columns, where).to_pylist()]
+
+
+def local_times(value: Any) -> Any:
+    """``value`` with every aware datetime in it made naive local time."""
+    if isinstance(value, datetime):
+        return value.astimezone().replace(tzinfo=None) if value.tzinfo else value
+    if isinstance(value, dict):
+        return {k: local_times(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [local_times(v) for v in value]
+    return value

@@ -1,0 +1,197 @@
+"""IVF (inverted file) arithmetic in numpy: training, assignment, ranking, drift.
+
+Pure functions over arrays, shared by the consumer (in the driver and in
+``mapInArrow`` on the executors) and by the Spark-free search. Vectors are
+``float32`` rows of an ``(n, d)`` array.
+
+Metrics, and the ``distance`` a search reports (smaller is nearer):
+
+* ``l2``: the Euclidean distance;
+* ``cosine``: ``1 - cos``; vectors are stored unit-length, so it is ``1 - x.q``;
+* ``inner_product``: ``-x.q`` (the largest inner product ranks first).
+
+A vector goes to the list of its nearest centroid by the same metric (for
+``inner_product``, the centroid with the largest inner product, as faiss does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+METRICS = ("l2", "cosine", "inner_product")
+
+
+def unit(vectors: Vectors) -> Vectors:
+    """Rows scaled to length 1 (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    out: Vectors = np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    return out
+
+
+def distances(queries: Vectors, base: Vectors, metric: str) -> Vectors:
+    """``(len(queries), len(base))`` distances, smaller is nearer (see the module)."""
+    dots = queries @ base.T
+    if metric == "l2":
+        sq = (queries * queries).sum(1)[:, None] - 2 * dots + (base * base).sum(1)[None, :]
+        out: Vectors = np.sqrt(np.maximum(sq, 0, out=sq)).astype(np.float32)
+    elif metric == "cosine":
+        out = (1 - dots).astype(np.float32)
+    else:
+        out = (-dots).astype(np.float32)
+    return out
+
+
+def assign(
+    vectors: Vectors, centroids: Vectors, metric: str, chunk: int = 8192
+) -> npt.NDArray[np.int32]:
+    """The list (centroid row) of each vector."""
+    out = np.empty(len(vectors), dtype=np.int32)
+    for start in range(0, len(vectors), chunk):
+        block = vectors[start : start + chunk]
+        out[start : start + len(block)] = np.argmin(
+            distances(block, centroids, metric), axis=1
+        ).astype(np.int32)
+    return out
+
+
+def nearest_lists(query: Vectors, centroids: Vectors, metric: str, nprobe: int) -> list[int]:
+    """The ``nprobe`` lists nearest ``query`` (one row), nearest first."""
+    d = distances(query.reshape(1, -1), centroids, metric)[0]
+    nprobe = min(nprobe, len(centroids))
+    best = np.argpartition(d, nprobe - 1)[:nprobe]
+    return [int(i) for i in best[np.argsort(d[best], kind="stable")]]
+
+
+def top_k(
+    query: Vectors, base: Vectors, metric: str, k: int
+) -> tuple[npt.NDArray[np.int64], Vectors]:
+    """Row numbers of the ``k`` nearest rows of ``base`` and their distances, nearest
+    first (ties by row number, so results are stable)."""
+    if len(base) == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    d = distances(query.reshape(1, -1), base, metric)[0]
+    k = min(k, len(base))
+    best = np.argpartition(d, k - 1)[:k]
+    order = np.lexsort((best, d[best]))
+    rows = best[order].astype(np.int64)
+    return rows, d[rows]
+
+
+def default_lists(rows: int) -> int:
+    """About rows/1,000 up to 1M rows, sqrt(rows) above; at least 1."""
+    if rows <= 1_000_000:
+        return max(1, round(rows / 1000))
+    return round(math.sqrt(rows))
+
+
+def default_nprobe(lists: int) -> int:
+    """The default search width: sqrt(lists), at least 4 (all lists when fewer)."""
+    return min(lists, max(4, round(math.sqrt(lists))))
+
+
+def train(
+    sample: Vectors, lists: int, metric: str, *, iterations: int = 20, seed: int = 0
+) -> Vectors:
+    """``lists`` centroids by Lloyd's k-means over ``sample``, in the driver.
+
+    Starts from k-means++ seeds (:func:`seeds`); a list left empty is
+    re-seeded with the sample row farthest from its centroid, so every list
+    starts with members. For ``cosine`` the centroids are unit vectors
+    (spherical k-means); ``l2`` and ``inner_product`` train on L2, as faiss does.
+    """
+    if len(sample) == 0:
+        raise ValueError("cannot train an index on no vectors")
+    rng = np.random.default_rng(seed)
+    lists = min(lists, len(sample))
+    centroids = seeds(sample, lists, rng)
+    train_metric = "cosine" if metric == "cosine" else "l2"
+    for _ in range(iterations):
+        d = distances(sample, centroids, train_metric)
+        nearest = np.argmin(d, axis=1)
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, nearest, sample)
+        counts = np.bincount(nearest, minlength=lists).astype(np.float32)
+        empty = np.flatnonzero(counts == 0)
+        moved: Vectors = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
+        if len(empty):
+            far = np.argsort(-d[np.arange(len(sample)), nearest], kind="stable")[: len(empty)]
+            moved[empty] = sample[far]
+        centroids = unit(moved) if metric == "cosine" else moved.astype(np.float32)
+    return centroids.astype(np.float32)
+
+
+def seeds(sample: Vectors, lists: int, rng: np.random.Generator) -> Vectors:
+    """k-means++ seeding: each next seed is a sample row drawn with probability
+    proportional to its squared distance from the seeds so far, so the seeds
+    spread over the clusters instead of piling up in the dense ones."""
+    chosen = [int(rng.integers(len(sample)))]
+    nearest = ((sample - sample[chosen[0]]) ** 2).sum(1, dtype=np.float64)
+    for _ in range(1, lists):
+        total = float(nearest.sum())
+        if total <= 0:  # every row sits on a seed: take unused rows
+            unused = np.setdiff1d(np.arange(len(sample)), chosen)
+            chosen += [int(i) for i in unused[: lists - len(chosen)]]
+            break
+        pick = int(rng.choice(len(sample), p=nearest / total))
+        chosen.append(pick)
+        np.minimum(nearest, ((sample - sample[pick]) ** 2).sum(1, dtype=np.float64), out=nearest)
+    picked: Vectors = sample[chosen].copy()
+    return picked
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How far an index has drifted from its training, measured at each iteration."""
+
+    imbalance: float
+    """Largest list / mean list size (1.0 is perfectly even)."""
+    empty_share: float
+    """Share of the lists with no vector."""
+    changed_share: float
+    """Vectors changed (inserted, updated, deleted) since training / vectors trained on."""
+    recall: float | None = None
+    """Sampled recall@10 at the default nprobe, when checked this iteration."""
+
+
+def drift(list_sizes: dict[int, int], lists: int, changed: int, trained: int) -> Drift:
+    """Drift measures from the list sizes (list id -> vectors) of an index of ``lists``."""
+    total = sum(list_sizes.values())
+    mean = total / lists if lists else 0.0
+    largest = max(list_sizes.values(), default=0)
+    empty = lists - sum(1 for size in list_sizes.values() if size > 0)
+    return Drift(
+        imbalance=largest / mean if mean else 1.0,
+        empty_share=empty / lists if lists else 0.0,
+        changed_share=changed / max(trained, 1),
+    )
+
+
+def sampled_recall(
+    sample: Vectors,
+    sample_lists: npt.NDArray[np.int32],
+    centroids: Vectors,
+    metric: str,
+    nprobe: int,
+    *,
+    queries: int = 50,
+    k: int = 10,
+    seed: int = 0,
+) -> float:
+    """Recall@k of IVF search within a sample of the index: for ``queries`` sample
+    rows, the share of their ``k`` nearest sample rows that lie in the query's
+    ``nprobe`` nearest lists (so a search probing them would find them)."""
+    if len(sample) <= k:
+        return 1.0
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(len(sample), size=min(queries, len(sample)), replace=False)
+    found = 0
+    for q in picked:
+        exact, _ = top_k(sample[q], sample, metric, k)
+        probed = set(nearest_lists(sample[q], centroids, metric, nprobe))
+        found += sum(int(sample_lists[i]) in probed for i in exact)
+    return found / (len(picked) * k)
