@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from lakeprop.client.vectors import VectorSearch, hybrid_search, reciprocal_rank
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import VectorError, VectorIndexConsumer, ivf
+from lakeprop.consumers.vector_index.builds import BUILDS
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
@@ -201,7 +203,7 @@ def test_a_selective_filter_probes_more_lists(spark: SparkSession, app_config: A
     assert len(search.search(vector(rng, 0), k=5, filter={"cat": "rare"}, max_nprobe=1)) < 5
 
 
-def test_retraining_switches_versions_and_a_cut_build_leaves_the_live_one(
+def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     spark: SparkSession, app_config: AppConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = random.Random(11)
@@ -218,37 +220,65 @@ def test_retraining_switches_versions_and_a_cut_build_leaves_the_live_one(
     consumer = consumer_for(spark, app_config, "drift", options)
     consumer.snapshot(spark.read.format("delta").load(path), 1)
     index = f"{app_config.tables.warehouse}/kb/drift_vec__index"
+    table = DeltaTable.forPath(spark, path)
 
     def live() -> int:
         return int(spark.read.format("delta").load(index).where("live").first()["index_version"])
 
-    DeltaTable.forPath(spark, path).update(  # v2: a quarter of the vectors move far away
-        F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)}
-    )
-    original = VectorIndexConsumer._switch
+    def tail(start: int) -> int:
+        at = latest_version(spark, path)
+        return consumer.apply_changes(changes(spark, path, start, at), start - 1, at)
 
+    # a build waits at this gate, so that tails certainly run while it is under way
+    gate = threading.Event()
+    build = VectorIndexConsumer._build
+
+    def gated(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("txn") is not None:  # a background build, not a snapshot
+            assert gate.wait(120)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(VectorIndexConsumer, "_build", gated)
+    table.update(F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)})  # v2
+    assert tail(2) == 100  # a quarter changed: version 2 starts building
+    assert BUILDS.get(consumer.context.txn_app_id) is not None
+    table.delete(F.col("id").between(200, 209))  # v3
+    table.update(F.col("id").between(300, 309), {"emb": F.transform("emb", lambda x: -x)})  # v4
+    assert tail(3) == 20  # applied to version 1 while 2 is being built
+    assert live() == 1
+    assert_index_holds(
+        spark, app_config, "drift", spark.read.format("delta").load(path), ("id", "emb")
+    )
+    gate.set()
+    assert BUILDS.wait(timeout=120)
+
+    # the switch is cut short: version 1 still serves, and serves everything
     def crash(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed before the switch")
 
+    switch = VectorIndexConsumer._switch
     monkeypatch.setattr(VectorIndexConsumer, "_switch", crash)
+    table.update(F.col("id") == 5, {"emb": F.transform("emb", lambda x: x + 1.0)})  # v5
     with pytest.raises(RuntimeError):
-        consumer.apply_changes(changes(spark, path, 2, 2), 1, 2)
-    assert live() == 1  # the build was cut short: version 1 still serves
-    search = searcher(app_config, "drift", options)
-    assert len(search.search(vector(rng, 1), k=5)) == 5
+        tail(5)
+    assert live() == 1
+    assert len(searcher(app_config, "drift", options).search(vector(rng, 1), k=5)) == 5
 
-    monkeypatch.setattr(VectorIndexConsumer, "_switch", original)
-    # the repeated iteration: its MERGE was committed before the crash and is skipped
-    assert consumer.apply_changes(changes(spark, path, 2, 2), 1, 2) == 100
+    # the repeated iteration starts the build again; the next one switches to it
+    monkeypatch.setattr(VectorIndexConsumer, "_switch", switch)
+    assert tail(5) == 1
+    assert BUILDS.wait(timeout=120)
+    table.update(F.col("id") == 6, {"emb": F.transform("emb", lambda x: x + 1.0)})  # v6
+    assert tail(6) == 1
     assert live() == 2
     versions = spark.read.format("delta").load(index).orderBy("index_version").collect()
     assert [(v["index_version"], v["live"]) for v in versions] == [(1, False), (2, True)]
-    assert versions[1]["built_because"].startswith("changed 0.25")
+    assert versions[1]["built_because"].startswith("changed 0.")
     source = spark.read.format("delta").load(path)
     assert_index_holds(spark, app_config, "drift", source, ("id", "emb"))
-    # the rows of the cut build were replaced, not doubled
+    # the rows of the first attempt were replaced, not doubled
     everything = spark.read.format("delta").load(f"{app_config.tables.warehouse}/kb/drift_vec")
-    assert everything.where("index_version = 2").count() == 400
+    assert everything.where("index_version = 2").count() == source.count() == 390
 
 
 def test_bad_vectors_fail_naming_keys_or_go_to_quarantine(

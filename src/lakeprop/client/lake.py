@@ -69,13 +69,22 @@ class Lake:
         dataset = self.dataset(path)
         present = set(dataset.schema.names)
         wanted = None if columns is None else [c for c in columns if c in present]
-        return dataset.to_table(columns=wanted, filter=where)
+        return scan(dataset, wanted, where)
 
     def rows(
         self, path: str, columns: Sequence[str] | None = None, where: Any = None
     ) -> list[dict[str, Any]]:
         """:meth:`read` as Python rows, timestamps naive and local as Spark gives them."""
         return [local_times(r) for r in self.read(path, columns, where).to_pylist()]
+
+
+def scan(dataset: ds.Dataset, columns: Sequence[str] | None, where: Any = None) -> pa.Table:
+    """The rows of ``dataset`` read on this thread. Arrow's scanner threads can outlive
+    a short process and abort it in interpreter teardown ("terminate called without
+    an active exception"); the tables here are small enough to read on one thread."""
+    return dataset.to_table(
+        columns=None if columns is None else list(columns), filter=where, use_threads=False
+    )
 
 
 def local_times(value: Any) -> Any:

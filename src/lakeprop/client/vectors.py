@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lakeprop.client.lake import Lake, local_times
+from lakeprop.client.lake import Lake, local_times, scan
 from lakeprop.client.search import SearchError, bm25, job_options, table_path
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Tokenizer
@@ -162,7 +162,7 @@ class VectorSearch:
         version = pointer.version()
         if self._live is not None and version == self._pointer_version:
             return self._live
-        rows = [r for r in pointer.to_pyarrow_dataset().to_table().to_pylist() if r["live"]]
+        rows = [r for r in scan(pointer.to_pyarrow_dataset(), None).to_pylist() if r["live"]]
         if not rows:
             raise SearchError(f"the index at {self.location.postings} has no live version")
         meta = rows[0]
@@ -216,9 +216,7 @@ class VectorSearch:
     def _read(self, number: int, lists: Sequence[int], conditions: Any) -> Any:
         files = [("index_version", "=", str(number)), ("list_id", "in", [str(i) for i in lists])]
         dataset = self.lake.dataset(self.location.postings, files)
-        return dataset.to_table(
-            columns=[*self.key_columns, self.vector, *self.include], filter=conditions
-        )
+        return scan(dataset, [*self.key_columns, self.vector, *self.include], conditions)
 
     def _ranked(
         self, tables: list[Any], query: ivf.Vectors, metric: str, k: int

@@ -34,8 +34,10 @@ commit. A **tail** applies the last change of each key with one MERGE into
 the live version: a deleted key (or one whose vector became NULL) leaves the
 index, an inserted or updated vector goes to the nearest live centroid's list
 and its old posting goes. Then drift is measured; past a threshold of the
-``retrain`` policy a new version is built from the live postings and switched
-to the same way. The previous version stays until the next switch, so a reader
+``retrain`` policy a new version is built in the background from the live
+postings (:mod:`.builds`) while tails go on against the live version; the
+first tail that finds it finished applies the changes made since and switches
+the pointer. The previous version stays until the next switch, so a reader
 that followed the old pointer still finds it whole.
 
 A NULL vector means "not indexed". A vector of the wrong dimension or holding
@@ -46,7 +48,9 @@ a NaN, infinity or NULL element is a permanent error naming keys; with
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import reduce
 from typing import Any
@@ -66,14 +70,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.consumers.base import TXN_APP_ID, TXN_VERSION, Consumer, ConsumerContext
 from lakeprop.consumers.vector_index import ivf
+from lakeprop.consumers.vector_index.builds import BUILDS, Build
 from lakeprop.consumers.vector_index.options import NAME, VectorOptions, validate
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import target_table
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import TableHandle
 
+log = logging.getLogger("lakeprop.vector_index")
 CENTROIDS, INDEX, QUARANTINE = "__centroids", "__index", "__quarantine"
 REASON = "__reason"
 _DELETE = "__delete"
@@ -244,6 +250,7 @@ class VectorIndexConsumer(Consumer):
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         opts = self.options
+        BUILDS.wait(f"lakeprop-{self.context.job_id}-")  # an earlier configuration's build
         previous = self._versions()
         live = next((v for v in previous if v.live), None)
         if live is not None and (live.trained_source_version, live.built_by) == (
@@ -306,20 +313,79 @@ class VectorIndexConsumer(Consumer):
         reasons = opts.retrain.reasons(measured.drift())
         if live.lists == 0 and written:
             reasons = ["untrained"]
-        if reasons:
-            built = self._build(
-                self._live_postings(live.index_version),
-                None,
-                dimension,
-                live.index_version + 1,
-                to_version,
-                "; ".join(reasons),
-                fresh=False,
-            )
-            self._switch(built, replace(measured, live=False), to_version)
-        else:
-            self._write_index([measured, *(v for v in versions if not v.live)], to_version)
+        app_id = self.context.txn_app_id
+        build = BUILDS.get(app_id)
+        if build is not None and build.done:
+            BUILDS.forget(app_id)
+            if build.error is None and build.number == live.index_version + 1:
+                built = self._reconcile(build, live.index_version, dimension, to_version)
+                self._switch(built, replace(measured, live=False), to_version)
+                return written
+            build = None  # failed, or of a version switched to since: start again if need be
+        if reasons and build is None:
+            self._start_build(live.index_version + 1, dimension, "; ".join(reasons))
+        self._write_index([measured, *(v for v in versions if not v.live)], to_version)
         return written
+
+    # -- re-training in the background -------------------------------------------------
+
+    def _start_build(self, number: int, dimension: int, because: str) -> None:
+        """Build index version ``number`` from the live postings as they are now, on a
+        thread of its own: tails go on against the live version meanwhile."""
+        postings = self.target
+        read_at = DeltaLogProbe(self.context.spark).latest_version(postings.location())
+        assert read_at is not None
+        vectors = (
+            postings.load(postings.reader().option("versionAsOf", read_at))
+            .where(F.col("index_version") == number - 1)
+            .select(*self.options.columns)
+        )
+        txn = {"txnAppId": f"{self.context.txn_app_id}-v{number}", "txnVersion": str(read_at)}
+
+        def work() -> IndexVersion:
+            spark = self.context.spark
+            spark.sparkContext.setJobGroup(
+                f"lakeprop-index-build-{self.context.job_id}", f"index version {number}"
+            )
+            return self._build(vectors, None, dimension, number, read_at, because, txn=txn)
+
+        log.info("building index version %s of %s: %s", number, self.target, because)
+        BUILDS.start(self.context.txn_app_id, Build(number, read_at, because), work)
+
+    def _reconcile(
+        self, build: Build, live_number: int, dimension: int, version: int
+    ) -> IndexVersion:
+        """The finished build, with the changes the live version took since the build
+        read it applied to it too (one MERGE, once per ``version``)."""
+        opts = self.options
+        postings = self.target
+
+        def at(reader: Any) -> DataFrame:
+            return (
+                postings.load(reader)
+                .where(F.col("index_version") == live_number)
+                .select(*opts.columns)
+            )
+
+        before = at(postings.reader().option("versionAsOf", build.read_at))
+        now = at(postings.reader())
+        moved = (
+            now.exceptAll(before)
+            .select(*opts.key)
+            .unionByName(before.exceptAll(now).select(*opts.key))
+            .distinct()
+        )
+        rows = moved.join(now, list(opts.key), "left")
+        source = self._assigned(rows, self._centroids(build.number), dimension).localCheckpoint()
+        changed = int(source.count())
+        if changed:
+            # an app id of its own: the build's ("-v<number>") counts postings versions
+            app_id = f"{self.context.txn_app_id}-v{build.number}-changes"
+            self._merge(postings, source, build.number, version, app_id=app_id)
+        built: IndexVersion = build.result
+        return self._measure(
+            replace(built, source_version=version, changed_rows=changed), recall=False
+        )
 
     # -- vectors in -----------------------------------------------------------------
 
@@ -403,15 +469,19 @@ class VectorIndexConsumer(Consumer):
         version: int,
         because: str,
         *,
-        fresh: bool,
+        fresh: bool = False,
+        txn: Mapping[str, str] | None = None,
     ) -> IndexVersion:
-        """Train, assign and write index version ``number`` (not live yet)."""
+        """Train, assign and write index version ``number`` (not live yet), once per
+        ``txn`` (default: the snapshot's, by source version)."""
         opts = self.options
         if rows is None:
             rows = int(vectors.count())
         lists = min(opts.lists or ivf.default_lists(rows), max(rows, 1)) if rows else 0
-        build_txn = {"txnAppId": f"{self.context.txn_app_id}-build", "txnVersion": str(version)}
-        centroids = self._trained(number, version)
+        build_txn = dict(
+            txn or {"txnAppId": f"{self.context.txn_app_id}-build", "txnVersion": str(version)}
+        )
+        centroids = self._trained(number, build_txn)
         if centroids is not None:
             lists = len(centroids)
         elif lists:
@@ -457,6 +527,23 @@ class VectorIndexConsumer(Consumer):
         )
         return self._measure(built, recall=True)
 
+    @contextmanager
+    def _transaction(self, app_id: str | None, version: int) -> Iterator[None]:
+        """Delta writes inside happen once per (``app_id``, ``version``); the job's
+        own app id by default (``ConsumerContext.idempotent``)."""
+        if app_id is None:
+            with self.context.idempotent(version):
+                yield
+            return
+        conf = self.context.spark.conf
+        conf.set(TXN_APP_ID, app_id)
+        conf.set(TXN_VERSION, str(version))
+        try:
+            yield
+        finally:
+            conf.unset(TXN_APP_ID)
+            conf.unset(TXN_VERSION)
+
     def _done(self, table: TableHandle, txn: Mapping[str, str]) -> bool:
         """Whether the write of ``txn`` (app id, version) already committed to ``table``."""
         if not table.exists():
@@ -464,10 +551,9 @@ class VectorIndexConsumer(Consumer):
         last = DeltaLogProbe(self.context.spark).last_transaction(table.location(), txn["txnAppId"])
         return last is not None and last >= int(txn["txnVersion"])
 
-    def _trained(self, number: int, version: int) -> ivf.Vectors | None:
+    def _trained(self, number: int, txn: Mapping[str, str]) -> ivf.Vectors | None:
         """The centroids of version ``number`` when this build wrote them before a crash."""
         table = self.beside(CENTROIDS)
-        txn = {"txnAppId": f"{self.context.txn_app_id}-build", "txnVersion": str(version)}
         if not self._done(table, txn):
             return None
         return self._centroids(number)
@@ -578,7 +664,14 @@ class VectorIndexConsumer(Consumer):
                 )
         return index.measured(measured)
 
-    def _merge(self, postings: TableHandle, source: DataFrame, number: int, version: int) -> None:
+    def _merge(
+        self,
+        postings: TableHandle,
+        source: DataFrame,
+        number: int,
+        version: int,
+        app_id: str | None = None,
+    ) -> None:
         opts = self.options
         matched = [F.col(f"t.{k}") == F.col(f"s.{k}") for k in opts.key]
         on: Column = reduce(
@@ -587,7 +680,7 @@ class VectorIndexConsumer(Consumer):
         )
         kept = ["list_id", opts.vector, *opts.include]
         deleted = F.col(f"s.{opts.vector}").isNull()
-        with self.context.idempotent(version), self.context.merging_held():
+        with self._transaction(app_id, version), self.context.merging_held():
             (
                 postings.delta()
                 .alias("t")
