@@ -203,7 +203,7 @@ class VectorSearch:
             query = ivf.unit(query.reshape(1, -1))[0]
         lists = max(len(centroids), 1)
         width = min(nprobe or int(meta["nprobe"]), lists)
-        bound = min(max_nprobe or max(4 * width, width), lists)
+        bound = min(max_nprobe or 4 * width, lists)
         conditions = filter_expression(parse_filter(filter, self.include))
         order = ivf.nearest_lists(query, centroids, metric, lists) if len(centroids) else [0]
         probed = [self._read(number, order[:width], conditions)]

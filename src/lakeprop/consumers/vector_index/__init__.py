@@ -74,7 +74,12 @@ from lakeprop.consumers.base import TXN_APP_ID, TXN_VERSION, Consumer, ConsumerC
 from lakeprop.consumers.vector_index import ivf
 from lakeprop.consumers.vector_index.builds import BUILDS, Build
 from lakeprop.consumers.vector_index.options import NAME, VectorOptions, validate
-from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
+from lakeprop.errors import (
+    ErrorCode,
+    InvalidConsumerOptionsError,
+    PermanentError,
+    TemporaryError,
+)
 from lakeprop.spec import target_table
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import TableHandle
@@ -87,6 +92,8 @@ SAMPLE_PER_LIST = 128
 MAX_SAMPLE = 200_000
 RECALL_SAMPLE = 4_000
 EXAMPLES = 10
+BUILD_WAIT = 600.0
+"""Seconds a snapshot waits for a build of the job's earlier configuration to end."""
 CENTROID_SCHEMA = StructType(
     [
         StructField("index_version", LongType(), False),
@@ -250,7 +257,11 @@ class VectorIndexConsumer(Consumer):
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         opts = self.options
-        BUILDS.wait(f"lakeprop-{self.context.job_id}-")  # an earlier configuration's build
+        if not BUILDS.wait(f"lakeprop-{self.context.job_id}-", BUILD_WAIT):
+            raise TemporaryError(
+                f"{NAME}: a build of an earlier configuration of job {self.context.job_id} "
+                f"still runs after {BUILD_WAIT:.0f}s; the snapshot waits for it"
+            )
         previous = self._versions()
         live = next((v for v in previous if v.live), None)
         if live is not None and (live.trained_source_version, live.built_by) == (
@@ -259,19 +270,24 @@ class VectorIndexConsumer(Consumer):
         ):
             return live.trained_rows  # built and switched to before a crash
         rows = rows.select(*opts.columns)
-        sizes = {
-            r["d"]: r["n"]
-            for r in rows.where(F.col(opts.vector).isNotNull())
-            .groupBy(F.size(opts.vector).alias("d"))
-            .agg(F.count("*").alias("n"))
-            .collect()
-        }
-        dimension = opts.dimension or (max(sizes, key=lambda d: (sizes[d], -d)) if sizes else 0)
+        dimension = opts.dimension or self._common_dimension(rows)
         good = self._checked(rows, dimension, version, version)
         number = (live.index_version + 1) if live is not None else 1
         built = self._build(good, None, dimension, number, version, "snapshot", fresh=True)
         self._switch(built, live)
         return built.trained_rows
+
+    def _common_dimension(self, rows: DataFrame) -> int:
+        """The most common length of the vectors in ``rows`` (0 when there are none)."""
+        vector = self.options.vector
+        sizes = {
+            r["d"]: r["n"]
+            for r in rows.where(F.col(vector).isNotNull())
+            .groupBy(F.size(vector).alias("d"))
+            .agg(F.count("*").alias("n"))
+            .collect()
+        }
+        return max(sizes, key=lambda d: (sizes[d], -d)) if sizes else 0
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         opts = self.options
