@@ -81,7 +81,7 @@ from lakeprop.tables.probe import DeltaLogProbe
 log = logging.getLogger("chaos")
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING, emb ARRAY<FLOAT>"
+SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING"
 TABLES = ("orders", "notes")
 WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", "kafka"]
 TOKENIZER = Tokenizer()
@@ -207,13 +207,6 @@ def consumer_for(kind: str) -> dict[str, Any]:
         # change events of an ordinary table by commit version: its latest rows, its history
         "cdc1": {"keys": ["id"], "source_kind": "table"},
         "cdc2": {"keys": ["id"], "source_kind": "table", "stored_as_scd_type": 2},
-        # four lists, re-trained whenever a fifth of the vectors changed: builds mid-run
-        "vector_index": {
-            "key": ["id"],
-            "vector": "emb",
-            "lists": 4,
-            "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
-        },
     }
     return {"type": "auto_cdc" if kind.startswith("cdc") else kind, "options": known[kind]}
 
@@ -356,7 +349,6 @@ gc_retention = "4s"
                     f"g{rng.randint(0, 3)}",
                     float(rng.randint(1, 50)),
                     " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 6))),
-                    [float(rng.randint(0, 9)), float(i % 7)],
                 )
                 for i in ids
             ]
@@ -370,9 +362,6 @@ gc_retention = "4s"
                     "name": F.lit(f"g{rng.randint(0, 3)}"),
                     "amount": F.col("amount") + 1.0,
                     "body": F.lit(" ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 4)))),
-                    "emb": F.array(
-                        F.lit(float(rng.randint(0, 9))), (F.col("id") % 7).cast("float")
-                    ),
                 },
             )
         else:
@@ -522,7 +511,7 @@ gc_retention = "4s"
         # three default-trigger jobs per table: they share iterations from the start
         starters = {
             "orders": ("replica", "fulltext_index", "cdc2"),
-            "notes": ("secondary_index", "aggregate_view", "cdc1", "vector_index"),
+            "notes": ("secondary_index", "aggregate_view", "cdc1"),
         }
         for table, kinds in starters.items():
             for kind in kinds:
@@ -886,13 +875,6 @@ gc_retention = "4s"
             want, actual = rows(source), rows(target.select(*source.columns))
         elif kind == "secondary_index":
             want, actual = rows(source.select("name", "id")), rows(target.select("name", "id"))
-        elif kind == "vector_index":
-            index = self.spark.read.format("delta").load(
-                str(self.warehouse / "chaos" / f"{key.table}_{key.job_name}__index")
-            )
-            live = index.where("live").select("index_version")
-            want = rows(source.where("emb IS NOT NULL").select("id", "emb"))
-            actual = rows(target.join(live, "index_version").select("id", "emb"))
         elif kind == "aggregate_view":
             batch = source.groupBy("name").agg(
                 F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")

@@ -48,6 +48,7 @@ a NaN, infinity or NULL element is a permanent error naming keys; with
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -351,19 +352,29 @@ class VectorIndexConsumer(Consumer):
         postings = self.target
         read_at = DeltaLogProbe(self.context.spark).latest_version(postings.location())
         assert read_at is not None
-        vectors = (
-            postings.load(postings.reader().option("versionAsOf", read_at))
-            .where(F.col("index_version") == number - 1)
-            .select(*self.options.columns)
-        )
         txn = {"txnAppId": f"{self.context.txn_app_id}-v{number}", "txnVersion": str(read_at)}
+        # A session of its own: the worker's session goes on to other iterations, whose
+        # session settings (transaction ids, MERGE options) the build must not see.
+        session = self.context.spark.newSession()
+        locate = self.context.locate
+        builder = type(self)(
+            dataclasses.replace(
+                self.context,
+                spark=session,
+                locate=lambda d, t: dataclasses.replace(locate(d, t), spark=session),
+            )
+        )
 
         def work() -> IndexVersion:
-            spark = self.context.spark
-            spark.sparkContext.setJobGroup(
+            session.sparkContext.setJobGroup(
                 f"lakeprop-index-build-{self.context.job_id}", f"index version {number}"
             )
-            return self._build(vectors, None, dimension, number, read_at, because, txn=txn)
+            vectors = (
+                builder.target.load(builder.target.reader().option("versionAsOf", read_at))
+                .where(F.col("index_version") == number - 1)
+                .select(*self.options.columns)
+            )
+            return builder._build(vectors, None, dimension, number, read_at, because, txn=txn)
 
         log.info("building index version %s of %s: %s", number, self.target, because)
         BUILDS.start(self.context.txn_app_id, Build(number, read_at, because), work)
