@@ -15,7 +15,7 @@ from typing import Any
 
 from lakeprop.bulk.model import BulkOperation, BulkTask
 from lakeprop.client.lake import Lake
-from lakeprop.client.reads import BulkStatus, JobInfo
+from lakeprop.client.reads import BulkStatus, JobInfo, by_key, current_row
 from lakeprop.config import StateConfig, TablesConfig
 from lakeprop.errors import InvalidConfigError, SourceTableError, StateNotFoundError
 from lakeprop.spec import JobKey
@@ -129,9 +129,9 @@ class LakeStateReader:
             & (ds.field("table") == key.table)
             & (ds.field("job_name") == key.job_name)
         )
-        if not rows:
+        best = current_row(rows)
+        if best is None:
             return None
-        best = max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id))
         (best,) = self._with_progress([best], key.database, key.table)
         return JobInfo.from_row(best)
 
@@ -151,8 +151,7 @@ class LakeStateReader:
             where &= ds.field("account_id") == account_id
         if not include_dropped:
             where &= ds.field("drop_at").is_null()
-        rows = self._with_progress(self._catalog_rows(where))
-        return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
+        return by_key(self._with_progress(self._catalog_rows(where)))
 
     def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
         """What jobs used, per job and hour (``StateReader.usage``)."""

@@ -237,9 +237,9 @@ class StateReader:
             & (F.col("table") == key.table)
             & (F.col("job_name") == key.job_name)
         )
-        if not rows:
+        best = current_row(rows)
+        if best is None:
             return None
-        best = max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id))
         (best,) = self._with_progress([best], key.database, key.table)
         return JobInfo.from_row(best)
 
@@ -257,8 +257,7 @@ class StateReader:
             condition &= F.col("account_id") == account_id
         if not include_dropped:
             condition &= F.col("drop_at").isNull()
-        rows = self._with_progress(self._catalog_rows(condition))
-        return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
+        return by_key(self._with_progress(self._catalog_rows(condition)))
 
     def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
         """What jobs used, per job and hour (the ``usage`` table): of one account, from
@@ -470,6 +469,16 @@ class StateReader:
         if not DeltaTable.isDeltaTable(self.spark, self.state.table_path(CATALOG_TABLE)):
             return None
         return self.get_job_status(key)
+
+
+def current_row(rows: Sequence[CatalogRow]) -> CatalogRow | None:
+    """Of one key's catalog rows, the live job, or else the most recently dropped one."""
+    return max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id), default=None)
+
+
+def by_key(rows: Sequence[CatalogRow]) -> list[JobInfo]:
+    """Catalog rows as jobs, ordered by key (then job id)."""
+    return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
 
 
 def _where(job: JobInfo | None) -> str:
