@@ -48,6 +48,8 @@ _DURATIONS = {
     "gc_retention",
     "sweep_interval",
     "lock_wait",
+    "session_timeout",
+    "heartbeat_interval",
 }
 """Settings given as durations ("10s", "5m", "1h"); each must be positive."""
 
@@ -298,6 +300,64 @@ class NotificationsConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Several service instances sharing one change log and one state.
+
+    Off (the default): one instance serves every table. On: each instance joins
+    one Kafka consumer group on the membership topic, whose partitions are the
+    ownership slots; Kafka's group coordinator assigns the slots (cooperative-
+    sticky), and an instance serves the tables that hash onto its slots
+    (:mod:`lakeprop.membership`). The topic lives on the change log's broker.
+    """
+
+    enabled: bool = False
+    """Join the membership group and serve only the tables of the slots held."""
+    instance_id: str = ""
+    """This instance's name, unique in the cluster and stable across its restarts
+    (its checkpoint is ``<state.checkpoint_location>/<instance_id>``); empty: the
+    host name."""
+    topic: str = ""
+    """The membership topic (empty: ``<kafka.topic>.members``), created with
+    ``slots`` partitions."""
+    slots: int = 256
+    """Ownership slots, the same for every instance: tables per instance vary with the
+    slots per instance, so take tens of slots per instance (256 keeps 10 instances
+    within 1.05x of a fair share; 100 instances need 4096)."""
+    session_timeout: float = 10.0
+    """An instance not heard from for this long is dropped and its slots move (the
+    broker's ``group.min.session.timeout.ms``, 6 s by default, is the floor)."""
+    heartbeat_interval: float = 1.0
+    """How often an instance tells the group coordinator it is alive."""
+
+    def __post_init__(self) -> None:
+        if self.topic:
+            _topic_name(self.topic, "cluster.topic")
+        if self.instance_id and not re.fullmatch(
+            r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.instance_id
+        ):
+            raise InvalidConfigError(
+                f"cluster.instance_id {self.instance_id!r} must be 1-64 letters, digits, "
+                "'.', '_' or '-', starting with a letter or digit (it names a directory)"
+            )
+        if not 1 <= self.slots <= 4096:
+            raise InvalidConfigError(f"cluster.slots must be 1 to 4096, not {self.slots}")
+        _positive(self.session_timeout, "cluster.session_timeout")
+        _positive(self.heartbeat_interval, "cluster.heartbeat_interval")
+        if self.heartbeat_interval * 3 > self.session_timeout:
+            raise InvalidConfigError(
+                "cluster.heartbeat_interval must be at most a third of cluster.session_timeout"
+            )
+
+    def members_topic(self, changelog_topic: str) -> str:
+        return self.topic or f"{changelog_topic}.members"
+
+    def instance(self) -> str:
+        import socket
+
+        return self.instance_id or re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """The Prometheus endpoint of the driver (see the docs' "Metrics" page)."""
 
@@ -415,6 +475,7 @@ class AppConfig:
     notifications: NotificationsConfig = field(default_factory=NotificationsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tick_interval: float = 10.0
     """Seconds between micro-batches: how often the service looks for due iterations."""
     query_name: str = "lakeprop-changelog"

@@ -23,6 +23,7 @@ class ErrorCode(IntEnum):
     ITERATION_TIMEOUT = 300
     ITERATION_CANCELED = 301
     CONSUMER_ERROR = 400
+    STATE_CONFLICT = 500
     # permanent
     UNKNOWN_PERMANENT = 10000
     INVALID_CONFIG = 10001
@@ -49,6 +50,7 @@ class ErrorCode(IntEnum):
     BULK_MATCHES_NOTHING = 10600
     BULK_NOT_FOUND = 10601
     BULK_WRONG_STATE = 10602
+    BULK_IN_CLUSTER = 10603
 
 
 TEMPORARY_LIMIT = 10000
@@ -64,6 +66,8 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.ITERATION_CANCELED: "an iteration was cancelled (unregister, update with "
     "interrupt, pause, resync, shutdown)",
     ErrorCode.CONSUMER_ERROR: "a consumer raised an unexpected exception",
+    ErrorCode.STATE_CONFLICT: "a state table write kept conflicting with other instances' "
+    "writes (`cluster.enabled`); the micro-batch fails and is replayed",
     ErrorCode.UNKNOWN_PERMANENT: "a permanent error of no more specific kind",
     ErrorCode.INVALID_CONFIG: "the configuration file, an environment override or `--set` is wrong",
     ErrorCode.CHECKPOINT_IN_USE: "another instance holds the checkpoint's lock",
@@ -96,6 +100,7 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.BULK_MATCHES_NOTHING: "a bulk selector matches no live job",
     ErrorCode.BULK_NOT_FOUND: "no bulk operation with that id",
     ErrorCode.BULK_WRONG_STATE: "a bulk operation in a state that does not allow the request",
+    ErrorCode.BULK_IN_CLUSTER: "bulk operations are not run by a service with `cluster.enabled`",
 }
 """What each code means, for the error-code reference (``docs/reference``)."""
 
@@ -213,3 +218,9 @@ class InvalidConsumerOptionsError(InvalidSpecError):
     """The options of a consumer do not validate."""
 
     default_code = ErrorCode.INVALID_CONSUMER_OPTIONS
+
+
+class StateConflictError(TemporaryError):
+    """A shared state table write kept conflicting with other instances' writes."""
+
+    default_code = ErrorCode.STATE_CONFLICT

@@ -27,6 +27,7 @@ LAYERS = {
     "registry": 1,
     "state": 2,
     "tables": 2,
+    "membership": 2,
     "consumers": 3,
     "bulk": 3,
     "engine": 4,

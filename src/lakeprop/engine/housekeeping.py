@@ -40,8 +40,12 @@ class Housekeeping:
         usage: UsageTable | None = None,
         accounts: AccountsTable | None = None,
         loads: Callable[[], dict[int, AccountLoad]] = dict,
+        leads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.catalog = catalog
+        self.leads = leads
+        """Whether this instance refreshes the usage and accounts tables (with several
+        instances, the one holding slot 0 does)."""
         self.usage = usage
         self.accounts = accounts
         self.loads = loads
@@ -64,10 +68,15 @@ class Housekeeping:
             self._last_flush = now
             if flushed:
                 log.info("flushing %d job(s) changed in memory to the catalog", flushed)
-        if self.usage is not None and now - self._last_usage >= self.engine.usage_refresh_interval:
+        leads = self.leads()
+        if (
+            leads
+            and self.usage is not None
+            and now - self._last_usage >= self.engine.usage_refresh_interval
+        ):
             self.usage.refresh()
             self._last_usage = now
-        if now - self._last_accounts >= self.engine.status_flush_interval:
+        if leads and now - self._last_accounts >= self.engine.status_flush_interval:
             self.publish_accounts(now, background=True)
         if now - self._last_gc < self.engine.gc_interval:
             return []

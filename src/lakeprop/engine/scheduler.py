@@ -162,6 +162,23 @@ class Scheduler:
                     cancelled += 1
         return cancelled
 
+    def wait_ended(self, refs: set[JobRef], timeout: float) -> bool:
+        """Wait (up to ``timeout``) until no queued or running iteration includes any of
+        ``refs``; whether they all ended."""
+        deadline = time.monotonic() + timeout
+
+        def busy() -> bool:
+            tasks = [*self._queued, *self._running.values()]
+            return any(m.ref in refs for t in tasks for m in t.plan.members)
+
+        with self._cond:
+            while busy():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
     def drain(self) -> list[IterationResult]:
         """Results of the iterations that ended since the last call."""
         results: list[IterationResult] = []

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pyspark.errors import StreamingQueryException
@@ -17,10 +18,12 @@ from lakeprop.bulk.executor import BulkExecutor
 from lakeprop.bulk.tables import BulkTables
 from lakeprop.config import AppConfig
 from lakeprop.engine.dirty import DirtyTables
+from lakeprop.engine.ownership import SlotOwner, SoleOwner
 from lakeprop.engine.policy import FairShare
 from lakeprop.engine.retry import retry_delay
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.errors import TemporaryError
+from lakeprop.membership.group import Seat
 from lakeprop.notifications import CommitNotice
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.notices import NoticeListener
@@ -28,9 +31,10 @@ from lakeprop.service.observer import Unobserved
 from lakeprop.service.runner import Runner, RunnerParts
 from lakeprop.service.stream import ChangelogOffsets, start_query
 from lakeprop.state.accounts import AccountsTable
-from lakeprop.state.catalog import JobCatalog
+from lakeprop.state.catalog import CatalogRow, JobCatalog, RowScope, SharedWrites
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import OutcomeTables
+from lakeprop.state.shared import Signed
 from lakeprop.state.store import (
     ACCOUNTS_TABLE,
     BULK_OPERATIONS_TABLE,
@@ -58,17 +62,39 @@ def _all(pool: ThreadPoolExecutor, *steps: Callable[[], object]) -> None:
         future.result()
 
 
+def instance_config(config: AppConfig) -> AppConfig:
+    """With ``cluster.enabled``, each instance reads the change log into a checkpoint of
+    its own, ``<state.checkpoint_location>/<instance id>``; the state is shared."""
+    if not config.cluster.enabled:
+        return config
+    checkpoint = f"{config.state.checkpoint_location.rstrip('/')}/{config.cluster.instance()}"
+    return replace(config, state=replace(config.state, checkpoint_location=checkpoint))
+
+
 class PropagationApp:
     """One instance per process: owns the catalog in memory and the query."""
 
     def __init__(self, spark: SparkSession, config: AppConfig) -> None:
+        config = instance_config(config)
         self.spark = spark
         self.config = config
-        self.catalog = JobCatalog(spark, config.state.table_path(CATALOG_TABLE))
+        self.seat: Seat | None = None
+        self.ownership: SoleOwner = SoleOwner()
+        shared: SharedWrites | None = None
+        if config.cluster.enabled:
+            self.seat = Seat(config.kafka, config.cluster, status=self._status)
+            self.ownership = owner = SlotOwner(self.seat, config.engine.iteration_timeout)
+            shared = SharedWrites(
+                scope=self._scope,
+                owner=lambda row: owner.owner_of(row.database, row.table) or "",
+                sign=self._sign,
+            )
+        self.catalog = JobCatalog(spark, config.state.table_path(CATALOG_TABLE), shared)
         self.outcomes = OutcomeTables(
             spark,
             config.state.table_path(REQUESTS_TABLE),
             config.state.table_path(REJECTS_TABLE),
+            shared=shared is not None,
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
         self.usage = UsageTable(
@@ -110,6 +136,11 @@ class PropagationApp:
             else None
         )
         self.metrics = self._metrics()
+        self.offsets = ChangelogOffsets(
+            FilesFor(spark)(config.state.checkpoint_location),
+            config.state.checkpoint_location,
+            config.kafka.topic,
+        )
         self.runner = Runner(
             RunnerParts(
                 spark,
@@ -126,11 +157,8 @@ class PropagationApp:
                 accounts=AccountsTable(spark, config.state.table_path(ACCOUNTS_TABLE)),
                 bulk=self.bulk,
                 observer=Unobserved() if self.metrics is None else self.metrics.reported,
-                log_empty=ChangelogOffsets(
-                    FilesFor(spark)(config.state.checkpoint_location),
-                    config.state.checkpoint_location,
-                    config.kafka.topic,
-                ).empty,
+                log_empty=self.offsets.empty,
+                ownership=self.ownership,
             )
         )
         if self.metrics is not None:
@@ -145,6 +173,42 @@ class PropagationApp:
         from lakeprop.service.metrics import Metrics
 
         return Metrics(self.spark, self.config.metrics, self.config.query_name)
+
+    def _scope(self, row: CatalogRow) -> RowScope:
+        """Whether this instance writes ``row`` now (``cluster.enabled``)."""
+        if self.ownership.may_write(row.database, row.table):
+            return RowScope.WRITE
+        assert self.seat is not None
+        if self.ownership.slot(row.database, row.table) in self.seat.assigned():
+            return RowScope.DEFER
+        return RowScope.SKIP
+
+    def _sign(self) -> Signed:
+        signature = self.ownership.sign()
+        assert signature is not None
+        return Signed(signature.app_id, signature.version)
+
+    def _status(self) -> dict[str, object]:
+        """What this instance publishes to the membership status topic."""
+        rows = list(self.catalog.rows())
+        tables = sorted({(r.database, r.table) for r in rows if r.is_live})
+        served = [f"{d}.{t}" for d, t in tables if self.ownership.serves(d, t)]
+        return {
+            "tables": served,
+            "jobs": sum(
+                1 for r in rows if r.is_live and self.ownership.serves(r.database, r.table)
+            ),
+            "batches": self.runner.batches,
+            "lag": self._lag(),
+        }
+
+    def _lag(self) -> int | None:
+        """Change log messages this instance has not read yet (None: not known)."""
+        read = self.offsets.latest
+        if read is None or self.seat is None:
+            return None
+        ends = self.seat.end_offsets(self.config.kafka.topic, read)
+        return sum(max(0, ends[p] - read[p]) for p in read)
 
     def _announce(self, notice: CommitNotice) -> None:
         assert self.dirty is not None
@@ -169,8 +233,8 @@ class PropagationApp:
             )
             _all(pool, self.catalog.load, self.outcomes.load)
         self.roll_forward()
-        if not self.history.is_new:
-            self.usage.catch_up()
+        if not self.history.is_new and not self.ownership.clustered:
+            self.usage.catch_up()  # with several instances, the leader's refresh does
         self.bulk.load(self.catalog.by_id())
 
     def roll_forward(self) -> int:
@@ -200,6 +264,9 @@ class PropagationApp:
             self.lock.acquire()  # before any state is touched
             self._locked = True
         self.prepare()
+        if self.seat is not None:
+            self.ownership.resume()
+            self.seat.start()  # slots arrive asynchronously: each micro-batch takes them over
         if self.notices is not None and self.dirty is not None:
             # notices sent while it was stopped are lost: the first tick probes every table
             self.dirty.reset()
@@ -323,6 +390,9 @@ class PropagationApp:
                     self.usage.refresh,
                     lambda: self.runner.housekeeping.publish_accounts(self.runner.clock()),
                 )
+        if self.seat is not None:
+            self.ownership.stop()
+            self.seat.stop()  # leave the group: the others take the slots over now
         if self.notices is not None:
             self.notices.stop()
         if self.metrics is not None:

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -48,11 +48,14 @@ from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
 from lakeprop.engine.model import IterationKind, IterationPlan, IterationResult, MemberJob, Retry
 from lakeprop.engine.native import NativeSettings
+from lakeprop.engine.ownership import SoleOwner
 from lakeprop.engine.scheduler import SHUTTING_DOWN, Scheduler
 from lakeprop.engine.selection import TriggerSelection
+from lakeprop.engine.takeover import take_over
 from lakeprop.engine.watermarks import advance
-from lakeprop.errors import InvalidMessageError
+from lakeprop.errors import ErrorCode, InvalidMessageError
 from lakeprop.faults import fault_point
+from lakeprop.membership.group import Claim
 from lakeprop.service.observer import (
     BatchSummary,
     BatchTimings,
@@ -68,10 +71,11 @@ from lakeprop.service.stopping import (
 )
 from lakeprop.service.stream import log_records
 from lakeprop.spec import JobRef
+from lakeprop.state import shared as shared_state
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.apply import apply_commands
 from lakeprop.state.catalog import CatalogRow, JobCatalog
-from lakeprop.state.history import IterationHistory
+from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.outcomes import Outcome, OutcomeTables, Verdict
 from lakeprop.state.status import JobState
 from lakeprop.state.usage import UsageTable
@@ -82,6 +86,20 @@ log = logging.getLogger(__name__)
 
 SELECTION_JOB_GROUP = "lakeprop-trigger-selection"
 """Job group of the selection phase: it must never launch a Spark job."""
+UNRECORDED_PER_SLOT = 10_000
+"""Verdicts kept per slot served elsewhere (see :attr:`Runner.unrecorded`)."""
+
+
+def _not_in_cluster(command: BulkCommand) -> Verdict:
+    return Verdict(
+        record=command.record,
+        outcome=Outcome.REJECTED,
+        request_id=command.request_id,
+        op=command.op.value,
+        error_code=ErrorCode.BULK_IN_CLUSTER,
+        detail="bulk operations are not run by a service with cluster.enabled; "
+        "send one change log message per job instead",
+    )
 
 
 def decode_all(
@@ -131,6 +149,8 @@ class RunnerParts:
     log_empty: Callable[[int], bool] = lambda _batch_id: False
     """Whether a micro-batch is known to hold no change log record (then it is not
     collected: no Spark job); see :class:`~lakeprop.service.stream.ChangelogOffsets`."""
+    ownership: SoleOwner = field(default_factory=SoleOwner)
+    """Which tables this instance serves (all of them, unless ``cluster.enabled``)."""
 
 
 class Runner:
@@ -167,11 +187,16 @@ class Runner:
             parts.usage,
             parts.accounts,
             parts.scheduler.accounts,
+            parts.ownership.leads,
         )
         self.native = NativeSettings(
             engine.small_iterations, engine.native_max_rows, engine.native_storage_options
         )
         """How small tails run natively (:mod:`lakeprop.engine.native`)."""
+        self.ownership = parts.ownership
+        self.unrecorded: dict[int, deque[Verdict]] = {}
+        """Per slot served elsewhere: verdicts of this instance's reading of the log,
+        recorded if it takes the slot over before the owner did (bounded)."""
         self.retries: dict[JobRef, Retry] = {}
         self.last_tick: TickSummary | None = None
         self.batches = 0
@@ -224,6 +249,8 @@ class Runner:
         """The ``foreachBatch`` callback."""
         tick = None
         with self._processing(batch_id) as timed:
+            with timed("handover"):
+                self.hand_over()
             with timed("results"):
                 self.record_results()
             with timed("log"):
@@ -290,11 +317,17 @@ class Runner:
             results = self.scheduler.drain()
         if not results:
             return 0
+        results = self._writable_results(results)
+        if not results:
+            return 0
         rows = self.catalog.by_id()
         names = {r.job_id: r.job_name for r in rows.values()}
         records = [r.record(names) for r in results]
+        if self.ownership.clustered:
+            owner_of = self.ownership.owner_of
+            records = [replace(r, owner=owner_of(r.database, r.table)) for r in records]
         self.tails_recorded += sum(r.kind is IterationKind.TAIL for r in results)
-        self.history.record(records)
+        self.history.record(records, self._signed())
         fault_point("history.written")
         if self.usage is not None:
             self.usage.recorded(r.ended_at for r in records)
@@ -319,6 +352,104 @@ class Runner:
         )
         return len(results)
 
+    def _writable_results(self, results: Sequence[IterationResult]) -> list[IterationResult]:
+        """The results this instance may record: those of the tables it still owns.
+
+        An iteration whose table moved away meanwhile is not recorded: its sink
+        writes are idempotent and replay-tolerant, and the new owner starts from
+        the last durable watermark.
+        """
+        kept = [
+            r
+            for r in results
+            if self.ownership.may_write(r.plan.table.database, r.plan.table.table)
+        ]
+        if len(kept) < len(results):
+            log.warning(
+                "%d iteration result(s) not recorded: their tables moved to another instance",
+                len(results) - len(kept),
+            )
+        return kept
+
+    def _signed(self) -> shared_state.Signed | None:
+        signature = self.ownership.sign()
+        if signature is None:
+            return None
+        return shared_state.Signed(signature.app_id, signature.version, signature.owner)
+
+    # -- 0. ownership (cluster.enabled) ---------------------------------------------------
+
+    def hand_over(self) -> None:
+        """Act on slot changes: drain the slots being revoked, forget lost ones, take
+        over gained ones. Nothing happens with one instance."""
+        pending = self.ownership.pending()
+        if not pending:
+            return
+        if pending.lost:
+            refs = self._refs_in(pending.lost)
+            self.scheduler.cancel(refs, "its table moved to another instance")
+        if pending.revoking:
+            self._drain(pending.revoking)
+        if pending.gained:
+            self._take_over(pending.gained)
+
+    def _refs_in(self, slots: frozenset[int] | set[int]) -> set[JobRef]:
+        slot = self.ownership.slot
+        return {
+            ref
+            for ref, row in self.catalog.by_id().items()
+            if slot(row.database, row.table) in slots
+        }
+
+    def _drain(self, slots: frozenset[int]) -> None:
+        """Stop the iterations of ``slots``, record what they did, write their rows."""
+        refs = self._refs_in(slots)
+        self.scheduler.cancel(refs, "its table moves to another instance")
+        if not self.scheduler.wait_ended(refs, self.engine.iteration_timeout):
+            log.warning("iterations of slot(s) %s did not end; handing over anyway", sorted(slots))
+        self.record_results()
+        self.catalog.flush()
+        fault_point("cluster.drained")
+        self.ownership.drained(slots)
+        log.info("drained slot(s) %s: %d job(s) handed over", sorted(slots), len(refs))
+
+    def _take_over(self, claims: Mapping[int, Claim]) -> None:
+        """Fence the writers that held the claimed slots before, then take their jobs'
+        rows as the tables hold them (:mod:`lakeprop.engine.takeover`), rolled
+        forward from the history, and record verdicts the previous owner did not."""
+        ownership = self.ownership
+        slots = set(claims)
+        fenced = [
+            shared_state.Signed(f.app_id, f.version) for f in ownership.fenced(claims.values())
+        ]
+        for path in (self.history.path, self.catalog.path):
+            shared_state.fence(self.spark, path, fenced)
+        fault_point("cluster.fenced")
+
+        def ours(row: CatalogRow) -> bool:
+            return ownership.slot(row.database, row.table) in slots
+
+        durable = self.catalog.durable_rows(ours)
+        decided = take_over([r for r in self.catalog.rows() if ours(r)], durable)
+        reached = self.history.latest_success()
+        durable_rows = [rolled_forward(r, reached) or r for r in decided.durable]
+        ahead = [rolled_forward(r, reached) or r for r in decided.ahead]
+        # rewrite them all under the new owner's stamp (status shows the owner)
+        self.catalog.adopt(durable_rows, ahead, decided.gone)
+        self.catalog.stage({r.row_id: r for r in durable_rows})
+        for ref in [r.row_id for r in (*durable_rows, *ahead)]:
+            self.retries.pop(ref, None)
+        verdicts = [v for s in slots for v in self.unrecorded.pop(s, ())]
+        if verdicts:
+            self.outcomes.record(verdicts, -1)
+        ownership.adopt(slots)
+        log.info(
+            "took over slot(s) %s: %d job(s), %d writer(s) fenced",
+            sorted(slots),
+            len(durable_rows) + len(ahead),
+            len(fenced),
+        )
+
     # -- 2. the change log --------------------------------------------------------------
 
     def apply_log(self, records: Sequence[LogRecord], batch_id: int) -> BatchSummary:
@@ -337,10 +468,12 @@ class Runner:
         )
         verdicts += result.verdicts
         bulk = [c for c in commands if isinstance(c, BulkCommand)]
-        if bulk and self.bulk is not None:  # after the job messages of the batch
+        if bulk and self.ownership.clustered:
+            verdicts += [_not_in_cluster(c) for c in bulk]
+        elif bulk and self.bulk is not None:  # after the job messages of the batch
             rows = {**self.catalog.by_id(), **result.upserts}.values()
             verdicts += self.bulk.accept(bulk, rows, self.tenants, recorded)
-        self.outcomes.record(verdicts, batch_id)
+        self.outcomes.record(self._ours(verdicts), batch_id)
         self.observer.verdicts(verdicts)
         self.catalog.stage(result.upserts)
         for row_id in result.upserts:
@@ -354,6 +487,25 @@ class Runner:
                 log.warning("rejected %s: %s", v.record.coordinates, v.detail)
         return summary
 
+    def _ours(self, verdicts: list[Verdict]) -> list[Verdict]:
+        """The verdicts this instance records: those of the tables it serves. The
+        others' are kept a while, in case it takes their slot over first."""
+        ownership = self.ownership
+        if not ownership.clustered:
+            return verdicts
+        ours = []
+        for verdict in verdicts:
+            slot = (
+                ownership.slot(verdict.key.database, verdict.key.table)
+                if verdict.key is not None
+                else verdict.record.partition % ownership.slots
+            )
+            if ownership.writes_slot(slot):
+                ours.append(verdict)
+            else:
+                self.unrecorded.setdefault(slot, deque(maxlen=UNRECORDED_PER_SLOT)).append(verdict)
+        return ours
+
     # -- 3. trigger selection -----------------------------------------------------------
 
     def tick(self) -> TickSummary:
@@ -361,8 +513,9 @@ class Runner:
         now = self.clock()
         changed = self._running_now()
         rows = {**self.catalog.by_id(), **changed}
+        served = self._served(rows)
         with _selection_job_group(self.spark):
-            selected = self.selection.select(rows, self.scheduler.in_flight(), self.retries, now)
+            selected = self.selection.select(served, self.scheduler.in_flight(), self.retries, now)
         self.tables_probed += selected.probed
         changed.update(selected.failed)
         for plan in selected.plans:
@@ -380,6 +533,15 @@ class Runner:
         )
         log.debug("tick: %s", self.last_tick)
         return self.last_tick
+
+    def _served(self, rows: Mapping[JobRef, CatalogRow]) -> Mapping[JobRef, CatalogRow]:
+        """The rows of the tables this instance serves (all of them with one instance)."""
+        if not self.ownership.clustered:
+            return rows
+        serves = self.ownership.serves
+        tables = {(r.database, r.table) for r in rows.values()}
+        served = {t for t in tables if serves(*t)}
+        return {ref: r for ref, r in rows.items() if (r.database, r.table) in served}
 
     def _running_now(self) -> dict[JobRef, CatalogRow]:
         """Rows of pending jobs whose iteration a worker has started."""

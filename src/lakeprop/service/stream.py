@@ -136,6 +136,13 @@ class ChangelogOffsets:
         self._seen = (batch_id, now)
         return now is not None and now == before
 
+    @property
+    def latest(self) -> dict[int, int] | None:
+        """The change log offsets (partition -> next offset) the latest batch read up to."""
+        if self._seen is None or not isinstance(self._seen[1], dict):
+            return None
+        return {int(p): int(o) for p, o in self._seen[1].items()}
+
     def _offsets(self, batch_id: int) -> Any:
         """The change log topic's offsets in the batch's offset file, or None (also
         when the file cannot be read: the batch is collected then)."""

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql.types import (
     IntegerType,
     LongType,
@@ -33,6 +34,7 @@ from pyspark.sql.types import (
 from lakeprop.changelog import LogRecord
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state import store as state
+from lakeprop.state.shared import Signed, signed_session, with_retries
 from lakeprop.state.status import JobState
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,33 @@ class CatalogRow:
         return replace(self, log_partition=record.partition, log_offset=record.offset)
 
 
+class RowScope(Enum):
+    """Whether an instance sharing the catalog writes a row now (``cluster.enabled``)."""
+
+    WRITE = "write"
+    """Its table is served here: write it."""
+    DEFER = "defer"
+    """Its table is assigned here but not writable this moment: keep it for later."""
+    SKIP = "skip"
+    """Another instance serves its table and writes it."""
+
+
+@dataclass(frozen=True)
+class SharedWrites:
+    """How an instance writes its rows of a catalog that several instances share:
+    which rows (``scope``), stamped how (``owner``), signed how (``sign``)."""
+
+    scope: Callable[[CatalogRow], RowScope]
+    owner: Callable[[CatalogRow], str]
+    sign: Callable[[], Signed]
+
+
+KEY_COLUMNS = ("account_id", "database", "table", "job_name", "job_id")
+_EPOCH = "coalesce(try_cast(substring_index({0}.owner, '@', -1) AS BIGINT), -1)"
+NOT_OLDER = f"{_EPOCH.format('t')} <= {_EPOCH.format('s')}"
+"""A shared-catalog write replaces no row written under a larger epoch."""
+
+
 @dataclass
 class _Flush:
     """A flush writing on a thread of its own (see :meth:`JobCatalog.flush_in_background`)."""
@@ -125,6 +154,8 @@ class _Flush:
     rows: dict[JobRef, CatalogRow]
     """The rows it writes that memory held only."""
     thread: threading.Thread | None = None
+    deferred: set[JobRef] = field(default_factory=set)
+    """Rows a shared catalog kept for a later write (:attr:`RowScope.DEFER`)."""
     written_as: int | None = None
     """Its write's number; None when it did not write (a later content went first)."""
     error: BaseException | None = None
@@ -146,9 +177,13 @@ class JobCatalog:
     a commit takes along whatever memory holds.
     """
 
-    def __init__(self, spark: SparkSession, path: str) -> None:
+    def __init__(self, spark: SparkSession, path: str, shared: SharedWrites | None = None) -> None:
         self.spark = spark
         self.path = path
+        self.shared = shared
+        """Set when several instances share the table: each MERGEs its own rows."""
+        self._session = spark.newSession() if shared is not None else spark
+        """Where shared writes set their transaction confs (writes are serialized)."""
         self._rows: dict[JobRef, CatalogRow] = {}
         self._durable: dict[JobRef, CatalogRow] = {}
         """The rows as the Delta table holds them."""
@@ -190,11 +225,63 @@ class JobCatalog:
         with self._write_lock:
             if base is not None and self._writes != base:
                 return None
-            state.overwrite(
-                self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in rows.values()]
-            )
+            if self.shared is not None:
+                self._merge(rows.values(), ())
+            else:
+                state.overwrite(
+                    self.spark, self.path, CATALOG_SCHEMA, [r.as_tuple() for r in rows.values()]
+                )
             self._writes += 1
             return self._writes
+
+    def _writable(self, rows: Iterable[CatalogRow]) -> tuple[list[CatalogRow], set[JobRef]]:
+        """Of ``rows``, those this instance writes now, and those it keeps for later."""
+        if self.shared is None:
+            return list(rows), set()
+        write, defer = [], set()
+        for row in rows:
+            scope = self.shared.scope(row)
+            if scope is RowScope.WRITE:
+                write.append(row)
+            elif scope is RowScope.DEFER:
+                defer.add(row.row_id)
+        return write, defer
+
+    def _merge(self, rows: Iterable[CatalogRow], deleted: Iterable[CatalogRow]) -> None:
+        """Upsert ``rows`` and delete ``deleted`` in one signed MERGE (a shared catalog)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql.types import BooleanType
+
+        assert self.shared is not None
+        stamped = [
+            (*replace(r, owner=self.shared.owner(r)).as_tuple(), gone)
+            for batch, gone in ((rows, False), (deleted, True))
+            for r in batch
+        ]
+        if not stamped:
+            return
+        signed = self.shared.sign()
+        session = self._session
+        source_schema = StructType([*CATALOG_SCHEMA.fields, StructField("_lp_gone", BooleanType())])
+        columns: dict[str, str | Column] = {
+            f"`{f.name}`": f"s.`{f.name}`" for f in CATALOG_SCHEMA.fields
+        }
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in KEY_COLUMNS)
+
+        def merge() -> None:
+            source = session.createDataFrame(stamped, source_schema)
+            with signed_session(session, signed):
+                (
+                    DeltaTable.forPath(session, self.path)
+                    .alias("t")
+                    .merge(source.alias("s"), on)
+                    .whenMatchedDelete(condition=f"s._lp_gone AND {NOT_OLDER}")
+                    .whenMatchedUpdate(condition=f"NOT s._lp_gone AND {NOT_OLDER}", set=columns)
+                    .whenNotMatchedInsert(condition="NOT s._lp_gone", values=columns)
+                    .execute()
+                )
+
+        with_retries(f"catalog write to {self.path}", merge)
 
     def rows(self) -> list[CatalogRow]:
         return list(self._rows.values())
@@ -274,7 +361,11 @@ class JobCatalog:
         rows = self._unflushed()
         if not rows:
             return 0
-        flush = _Flush(self._writes, {**self._durable, **rows}, rows)
+        if self.shared is not None:
+            writable, deferred = self._writable(rows.values())
+            flush = _Flush(self._writes, {r.row_id: r for r in writable}, rows, deferred=deferred)
+        else:
+            flush = _Flush(self._writes, {**self._durable, **rows}, rows)
 
         def write() -> None:
             try:
@@ -299,8 +390,15 @@ class JobCatalog:
             return
         if flush.written_as is None or flush.written_as != self._writes:
             return  # a later write holds these rows, or rewrote the table without them
-        self._durable = flush.content
-        done = {rid for rid, row in flush.rows.items() if self._rows.get(rid) is row}
+        if self.shared is not None:
+            self._durable.update(flush.content)
+        else:
+            self._durable = flush.content
+        done = {
+            rid
+            for rid, row in flush.rows.items()
+            if self._rows.get(rid) is row and rid not in flush.deferred
+        }
         self._dirty -= done
         self._progress -= done
 
@@ -309,7 +407,10 @@ class JobCatalog:
         return [
             r.row_id
             for r in self._rows.values()
-            if r.drop_at is not None and r.drop_at < cutoff and r.row_id not in self._staged
+            if r.drop_at is not None
+            and r.drop_at < cutoff
+            and r.row_id not in self._staged
+            and (self.shared is None or self.shared.scope(r) is RowScope.WRITE)
         ]
 
     def delete(self, row_ids: Iterable[JobRef]) -> None:
@@ -318,10 +419,17 @@ class JobCatalog:
         if not doomed:
             return
         self._await_flush()  # what the table holds, with the flush's rows if it wrote
-        remaining = dict(self._durable)
-        for row in doomed:
-            remaining.pop(row.row_id, None)
-        self._write(remaining)
+        if self.shared is not None:
+            with self._write_lock:
+                self._merge((), doomed)
+                self._writes += 1
+            for row in doomed:
+                self._durable.pop(row.row_id, None)
+        else:
+            remaining = dict(self._durable)
+            for row in doomed:
+                remaining.pop(row.row_id, None)
+            self._write(remaining)
         for row in doomed:
             self._rows.pop(row.row_id, None)
             self._dirty.discard(row.row_id)
@@ -329,10 +437,53 @@ class JobCatalog:
             self._staged.discard(row.row_id)
 
     def commit(self, upserts: Mapping[JobRef, CatalogRow]) -> None:
-        """Write changed rows to Delta, then to memory (so a failed write changes neither)."""
+        """Write changed rows to Delta, then to memory (so a failed write changes neither).
+
+        A shared catalog writes only the rows this instance serves; rows of tables
+        assigned here but not writable this moment stay dirty for a later write.
+        """
         if not upserts:
+            return
+        if self.shared is not None:
+            write, deferred = self._writable(upserts.values())
+            self.settle()
+            self._write_table({r.row_id: r for r in write})
+            self._durable.update({r.row_id: r for r in write})
+            self._rows.update(upserts)
+            done = set(upserts) - deferred
+            self._dirty.difference_update(done)
+            self._progress.difference_update(done)
+            self._dirty.update(deferred)
             return
         self._write({**self._durable, **upserts})
         self._rows.update(upserts)
         self._dirty.difference_update(upserts)
         self._progress.difference_update(upserts)
+
+    def durable_rows(self, wanted: Callable[[CatalogRow], bool]) -> list[CatalogRow]:
+        """The rows ``wanted`` picks, as the table holds them now (another instance
+        may have written them since :meth:`load`)."""
+        rows = state.read_table(self.spark, self.path).collect()
+        return [r for r in map(CatalogRow.from_spark, rows) if wanted(r)]
+
+    def adopt(
+        self,
+        durable: Iterable[CatalogRow],
+        ahead: Iterable[CatalogRow],
+        gone: Iterable[JobRef],
+    ) -> None:
+        """Take over rows another instance wrote: ``durable`` as the table holds them,
+        ``ahead`` (memory knows more of the change log) staged to be written,
+        ``gone`` forgotten (collected by the other instance)."""
+        for row in durable:
+            rid = row.row_id
+            self._rows[rid] = row
+            self._durable[rid] = row
+            self._dirty.discard(rid)
+            self._progress.discard(rid)
+        for rid in gone:
+            self._rows.pop(rid, None)
+            self._durable.pop(rid, None)
+            for marks in (self._dirty, self._progress, self._staged):
+                marks.discard(rid)
+        self.stage({r.row_id: r for r in ahead})

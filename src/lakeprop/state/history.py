@@ -31,6 +31,7 @@ from pyspark.sql.types import (
 
 from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.shared import Signed, with_retries
 from lakeprop.state.status import JobState
 
 Reached = Mapping[tuple[int, "str | None"], tuple[int, datetime]]
@@ -74,6 +75,7 @@ HISTORY_SCHEMA = StructType(
         StructField("bytes_cached", LongType(), True),
         StructField("paused_seconds", DoubleType(), True),
         StructField("path", StringType(), True),
+        StructField("owner", StringType(), True),
     ]
 )
 
@@ -129,9 +131,11 @@ class IterationRecord:
     bytes_cached: int | None = None
     """Bytes the change set or snapshot held in Spark's cache (None: not known)."""
     paused_seconds: float = 0.0
+    """The part of ``queued_seconds`` its account spent paused by backpressure."""
     path: str = "spark"
     """Which way the iteration ran: ``spark``, or ``native`` (delta-rs in the driver)."""
-    """The part of ``queued_seconds`` its account spent paused by backpressure."""
+    owner: str | None = None
+    """``<instance>@<epoch>`` of the instance that ran it (``cluster.enabled``)."""
 
     def as_tuple(self) -> tuple[Any, ...]:
         values = {f.name: getattr(self, f.name) for f in HISTORY_SCHEMA.fields}
@@ -155,14 +159,25 @@ class IterationHistory:
         """Created by this process and not written since: empty."""
         return self._created
 
-    def record(self, records: Sequence[IterationRecord]) -> None:
-        """Append (a result is recorded once: after a crash it is gone, not replayed)."""
+    def record(self, records: Sequence[IterationRecord], signed: Signed | None = None) -> None:
+        """Append (a result is recorded once: after a crash it is gone, not replayed).
+
+        ``signed`` (``cluster.enabled``): the append carries the writer's transaction
+        id, so that Delta skips it once a newer owner fenced the writer, and it is
+        retried after a conflict with another instance's fence.
+        """
         rows = [r.as_tuple() for r in records]
-        if rows:
-            self._created = False
-            frame = self.spark.createDataFrame(rows, HISTORY_SCHEMA)
-            # mergeSchema: a history table of an earlier release gains the new columns
-            frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
+        if not rows:
+            return
+        self._created = False
+        frame = self.spark.createDataFrame(rows, HISTORY_SCHEMA)
+        # mergeSchema: a history table of an earlier release gains the new columns
+        writer = frame.write.format("delta").mode("append").option("mergeSchema", "true")
+        if signed is None:
+            writer.save(self.path)
+            return
+        writer = writer.options(**signed.writer_options())
+        with_retries(f"history append to {self.path}", lambda: writer.save(self.path))
 
     def latest_success(
         self, database: str | None = None, table: str | None = None

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 from lakeprop.changelog import LogRecord
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
+from lakeprop.state.shared import with_retries
 
 MAX_STORED_PAYLOAD = 65_536
 """Rejects keep at most this many bytes of a payload (payload_size has the full size)."""
@@ -117,8 +118,14 @@ COORDINATE_KEYS = ("topic", "partition", "offset")
 class OutcomeTables:
     """Writer and reader of the requests and rejects tables."""
 
-    def __init__(self, spark: SparkSession, requests_path: str, rejects_path: str) -> None:
+    def __init__(
+        self, spark: SparkSession, requests_path: str, rejects_path: str, *, shared: bool = False
+    ) -> None:
         self.spark = spark
+        self.shared = shared
+        """Several instances write the tables (``cluster.enabled``): what this one has
+        not written may be there, so every write keeps what is (a MERGE, retried on
+        a conflict) and every batch looks its verdicts up."""
         self.requests_path = requests_path
         self.rejects_path = rejects_path
         self._created = False
@@ -149,6 +156,8 @@ class OutcomeTables:
         self._highest = {(r["topic"], r["partition"]): r["offset"] for r in written}
 
     def _all_new(self, coordinates: Iterable[Coordinates]) -> bool:
+        if self.shared:
+            return False
         if self._highest is None:
             self.load()
         assert self._highest is not None
@@ -195,16 +204,24 @@ class OutcomeTables:
             if self._all_new(coordinates):  # the usual case: one append per table, no read
                 state.append(self.spark, self.rejects_path, REJECTS_SCHEMA, rejects)
                 state.append(self.spark, self.requests_path, REQUESTS_SCHEMA, requests)
-            else:  # a replay: keep the verdicts written the first time
-                state.insert_new(
-                    self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS
+            else:  # a replay (or shared): keep the verdicts written the first time
+                with_retries(
+                    f"verdicts to {self.rejects_path}",
+                    lambda: state.insert_new(
+                        self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS
+                    ),
                 )
-                state.insert_new(
-                    self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS
+                with_retries(
+                    f"verdicts to {self.requests_path}",
+                    lambda: state.insert_new(
+                        self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS
+                    ),
                 )
         except BaseException:
             self._highest = None  # a write may have landed: read again before the next
             raise
+        if self.shared:
+            return
         assert self._highest is not None
         for topic, partition, offset in coordinates:
             key = (topic, partition)

@@ -54,7 +54,13 @@ def ensure_table(
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     for key, value in (properties or {}).items():
         builder = builder.property(key, value)
-    builder.execute()
+    try:
+        builder.execute()
+    except Exception:
+        # another instance sharing the state (cluster.enabled) created it first
+        if DeltaLogProbe(spark).latest_version(path) is not None:
+            return False
+        raise
     return True
 
 

@@ -1,0 +1,458 @@
+"""An instance's seat in the membership group: which slots it holds, and since when.
+
+Every instance joins one Kafka consumer group subscribed to the membership
+topic, whose partitions are the ownership slots. The group coordinator assigns
+them with the ``cooperative-sticky`` assignor; the consumer's heartbeats keep
+the seat, and a member not heard from for ``session_timeout`` is dropped and
+its slots go to the others. Nothing here is home-made consensus: who holds a
+slot is whatever the coordinator last decided.
+
+Three things are added on top, for the writes an owner makes:
+
+* **Epochs.** Taking a slot, an instance appends a claim record to the slot's
+  partition and keeps the record's offset as its epoch on the slot. Offsets
+  only grow, so a later owner's epoch is always larger than an earlier one's,
+  which is what a stale owner's write is told apart by.
+* **Confirmation.** Every ``heartbeat_interval`` the seat commits its position
+  on the held partitions, synchronously. The coordinator accepts a commit only
+  from a member of the current generation, so a success proves the seat was
+  live when the commit was sent.
+* **A self-fence.** :meth:`Seat.holds` is true only within ``session_timeout``
+  of the send time of the last confirmed commit, on the monotonic clock, which
+  runs on while the process is paused. An instance paused past its session
+  timeout (a long GC, ``SIGSTOP``) therefore stops believing it owns anything
+  the moment it runs again, before its consumer learns that it was dropped.
+
+A slot being revoked (another instance joined) is drained first: ``on_revoke``
+runs inside the rebalance, and the coordinator gives the slot away only after
+it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lakeprop.config import ClusterConfig, KafkaConfig
+from lakeprop.errors import BrokerError
+
+log = logging.getLogger(__name__)
+
+STATUS_SUFFIX = ".status"
+"""The status topic is the membership topic's name plus this."""
+
+
+def group_id(topic: str) -> str:
+    """The consumer group of the instances sharing the membership topic ``topic``."""
+    return f"lakeprop.{topic}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A slot held: the epoch is the offset of the claim record in its partition."""
+
+    slot: int
+    epoch: int
+
+
+def ensure_topics(kafka: KafkaConfig, cluster: ClusterConfig, timeout: float = 30.0) -> None:
+    """Create the membership topic (one partition per slot) and its status topic."""
+    from lakeprop.changelog import create_topic
+
+    topic = cluster.members_topic(kafka.topic)
+    create_topic(kafka, topic, cluster.slots, {"retention.ms": str(7 * 86_400_000)}, timeout)
+    create_topic(
+        kafka,
+        topic + STATUS_SUFFIX,
+        1,
+        {"cleanup.policy": "compact", "retention.ms": str(7 * 86_400_000)},
+        timeout,
+    )
+    _check_partitions(kafka, topic, cluster.slots, timeout)
+
+
+def _check_partitions(kafka: KafkaConfig, topic: str, slots: int, timeout: float) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
+    found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    count = len(found.partitions) if found is not None and found.error is None else 0
+    if count != slots:
+        raise BrokerError(
+            f"membership topic {topic} has {count} partition(s) but cluster.slots is {slots}; "
+            "every instance must use the same slots, and the topic must have one partition per "
+            "slot (give a new cluster.topic to change the number of slots)"
+        )
+
+
+def _new_writer() -> str:
+    return f"lakeprop-writer-{uuid.uuid4().hex}"
+
+
+def unreleased_writers(
+    kafka: KafkaConfig, topic: str, claim: Claim, timeout: float = 10.0, window: int = 64
+) -> list[str]:
+    """Writers of the claims on ``claim``'s slot after its last release and before
+    ``claim`` (within the ``window`` records before it)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    if claim.epoch == 0:
+        return []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            **kafka.options,
+            "group.id": "lakeprop-membership-reader",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        low, _high = consumer.get_watermark_offsets(
+            TopicPartition(topic, claim.slot), timeout=timeout
+        )
+        start = max(low, claim.epoch - window)
+        consumer.assign([TopicPartition(topic, claim.slot, start)])
+        records: list[dict[str, Any]] = []
+        position = start
+        while position < claim.epoch:
+            message = consumer.poll(timeout)
+            if message is None:
+                raise BrokerError(
+                    f"could not read slot {claim.slot} of {topic} before {claim.epoch}"
+                )
+            if message.error() is not None:
+                continue
+            offset, value = message.offset() or 0, message.value()
+            position = offset + 1
+            if offset < claim.epoch and value:
+                records.append(json.loads(value))
+    finally:
+        consumer.close()
+    writers: list[str] = []
+    for record in reversed(records):
+        if record.get("kind") == "release":
+            break
+        if record.get("kind") == "claim" and record.get("writer"):
+            writers.append(str(record["writer"]))
+    return writers
+
+
+class Seat:
+    """This instance's membership: join, hold slots, confirm, leave.
+
+    ``on_revoke(slots)`` runs on the seat's thread when the coordinator takes
+    slots away in an orderly rebalance, and must return once nothing runs on
+    them any more; ``on_lost(slots)`` runs when the seat finds it was dropped
+    (the slots are someone else's already). ``status()`` supplies what the seat
+    publishes about the instance every ``heartbeat_interval`` (owned tables,
+    lag), for ``lakeprop members``.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        cluster: ClusterConfig,
+        *,
+        on_revoke: Callable[[frozenset[int]], None] = lambda _slots: None,
+        on_lost: Callable[[frozenset[int]], None] = lambda _slots: None,
+        status: Callable[[], dict[str, Any]] = dict,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kafka = kafka
+        self.cluster = cluster
+        self.topic = cluster.members_topic(kafka.topic)
+        self.group = group_id(self.topic)
+        self.instance = cluster.instance()
+        self.on_revoke = on_revoke
+        self.on_lost = on_lost
+        self.status = status
+        self.clock = clock
+        self._claims: dict[int, Claim] = {}
+        self._draining: set[int] = set()
+        """Slots being revoked: nothing new starts on them, what ran may still be recorded."""
+        self._lock = threading.Lock()
+        self.writer = _new_writer()
+        """This seat's writer id (Delta transaction app id): a new one after the seat was
+        dropped, so that fencing an earlier one never fences this."""
+        self._adopted: set[int] = set()
+        """Slots whose predecessors were fenced by this seat (see :meth:`adopted`)."""
+        self._confirmed_at = float("-inf")
+        """Monotonic send time of the last commit the coordinator accepted."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._producer: Any = None
+        self.rebalances = 0
+        """Assignments and revocations seen (tests wait on it)."""
+        self.changed = threading.Condition()
+
+    # -- what the engine asks ---------------------------------------------------------
+
+    def holds(self, slot: int) -> bool:
+        """Whether this instance owns ``slot`` now, for new work: assigned, claimed, not
+        being revoked, and confirmed within the session timeout."""
+        with self._lock:
+            return slot in self._claims and slot not in self._draining and self._live()
+
+    def may_write(self, slot: int) -> Claim | None:
+        """The claim under which this instance may record work on ``slot`` now (a slot
+        being drained included); None when it may not."""
+        with self._lock:
+            return self._claims.get(slot) if self._live() else None
+
+    def claims(self) -> dict[int, Claim]:
+        """The slots held now, with their epochs (empty while the seat is unconfirmed)."""
+        with self._lock:
+            return dict(self._claims) if self._live() else {}
+
+    def assigned(self) -> frozenset[int]:
+        """The slots the coordinator last gave this seat, confirmed or not."""
+        with self._lock:
+            return frozenset(self._claims)
+
+    def adopted(self, slots: Iterable[int]) -> None:
+        """Note that this seat fenced the predecessors of ``slots`` (so a release of
+        them says that its writer is done, and a later owner need not fence it)."""
+        with self._lock:
+            self._adopted.update(s for s in slots if s in self._claims)
+
+    def _live(self) -> bool:
+        return self.clock() - self._confirmed_at < self.cluster.session_timeout
+
+    def wait_for(self, predicate: Callable[[Seat], bool], timeout: float) -> bool:
+        """Wait until ``predicate(self)`` holds after a rebalance or confirmation."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(min(left, self.cluster.heartbeat_interval))
+        return True
+
+    def end_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """The next offset of each partition of ``topic`` (for the lag this instance
+        publishes; call it from :attr:`status`, which runs on the seat's thread)."""
+        from confluent_kafka import TopicPartition
+
+        return {
+            p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+            for p in partitions
+        }
+
+    # -- joining and leaving ----------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> Seat:
+        from confluent_kafka import Consumer, Producer
+
+        ensure_topics(self.kafka, self.cluster, timeout)
+        self._stop.clear()
+        common = {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.options}
+        self._producer = Producer({**common, "client.id": self.instance, "linger.ms": 0})
+        self._consumer = Consumer(
+            {
+                **common,
+                "group.id": self.group,
+                "client.id": self.instance,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": int(self.cluster.session_timeout * 1000),
+                "heartbeat.interval.ms": int(self.cluster.heartbeat_interval * 1000),
+                "enable.auto.commit": False,
+                "auto.offset.reset": "latest",
+            }
+        )
+        self._consumer.subscribe(
+            [self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+        )
+        self._thread = threading.Thread(target=self._run, name="lakeprop-membership", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Leave the group: the slots are drained (``on_revoke``) and handed over now,
+        not after the session timeout."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        next_confirm = 0.0
+        try:
+            while not self._stop.is_set():
+                consumer.poll(0.2)  # heartbeats ride on librdkafka's thread; callbacks here
+                now = self.clock()
+                if now >= next_confirm:
+                    self._confirm()
+                    self._publish()
+                    next_confirm = now + self.cluster.heartbeat_interval
+        except Exception:  # the seat is gone: hold nothing
+            log.exception("membership seat of %s failed", self.instance)
+            self._drop(self.on_lost)
+        finally:
+            try:
+                consumer.close()  # runs on_revoke for what is still held
+            finally:
+                self._drop(lambda _slots: None)
+                self._producer.flush(5)
+
+    # -- the rebalance callbacks (on the seat's thread, inside poll) -------------------
+
+    def _assigned(self, _consumer: Any, partitions: Iterable[Any]) -> None:
+        slots = sorted(p.partition for p in partitions)
+        claims = self._claim(slots)
+        with self._lock:
+            self._claims.update({c.slot: c for c in claims})
+        log.info("%s holds slot(s) %s", self.instance, [c.slot for c in claims])
+        self._confirm()
+        self._changed()
+
+    def _revoked(self, _consumer: Any, partitions: Iterable[Any]) -> None:
+        slots = frozenset(p.partition for p in partitions)
+        if not slots:
+            return
+        with self._lock:  # nothing new starts on them from now on
+            self._draining |= slots
+        log.info("%s gives up slot(s) %s", self.instance, sorted(slots))
+        try:
+            self.on_revoke(slots)
+            with self._lock:
+                released = sorted(slots & self._adopted & set(self._claims))
+            self._append(released, {"kind": "release"})
+        finally:
+            with self._lock:
+                for slot in slots:
+                    self._claims.pop(slot, None)
+                self._draining -= slots
+                self._adopted -= slots
+            self._changed()
+
+    def _lost(self, _consumer: Any, partitions: Iterable[Any]) -> None:
+        slots = frozenset(p.partition for p in partitions)
+        log.warning(
+            "%s was dropped from the group; slot(s) %s are lost", self.instance, sorted(slots)
+        )
+        with self._lock:
+            for slot in slots:
+                self._claims.pop(slot, None)
+            self._adopted -= slots
+            self._draining -= slots
+            self.writer = _new_writer()  # whatever the old one wrote late is fenced
+        try:
+            self.on_lost(slots)
+        finally:
+            self._changed()
+
+    def _drop(self, notify: Callable[[frozenset[int]], None]) -> None:
+        with self._lock:
+            slots = frozenset(self._claims)
+            self._claims.clear()
+            self._adopted.clear()
+            self._draining.clear()
+            self._confirmed_at = float("-inf")
+        if slots:
+            notify(slots)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.rebalances += 1
+        with self.changed:
+            self.changed.notify_all()
+
+    # -- epochs and confirmation --------------------------------------------------------
+
+    def _claim(self, slots: list[int]) -> list[Claim]:
+        """Append a claim record to each slot's partition; its offset is the epoch."""
+        offsets = self._append(slots, {"kind": "claim"})
+        return [Claim(slot, offsets[slot]) for slot in slots if slot in offsets]
+
+    def _append(self, slots: list[int], fields: dict[str, Any]) -> dict[int, int]:
+        """Append a record (this seat, its writer, ``fields``) to each slot's partition
+        and wait for them; the offset each got."""
+        offsets: dict[int, int] = {}
+        if not slots:
+            return offsets
+
+        def delivered(error: Any, message: Any) -> None:
+            if error is None:
+                offsets[message.partition()] = message.offset()
+            else:
+                log.warning("record of slot %s not written: %s", message.partition(), error)
+
+        record = json.dumps(
+            {
+                **fields,
+                "instance": self.instance,
+                "writer": self.writer,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            }
+        ).encode()
+        for slot in slots:
+            self._producer.produce(
+                self.topic,
+                record,
+                key=self.instance.encode(),
+                partition=slot,
+                on_delivery=delivered,
+            )
+        self._producer.flush(self.cluster.session_timeout)
+        return offsets
+
+    def predecessors(self, claim: Claim, timeout: float = 10.0) -> list[str]:
+        """Writer ids that may still write for ``claim``'s slot: those that claimed it
+        before this seat since the last release (usually one, or none)."""
+        return unreleased_writers(self.kafka, self.topic, claim, timeout)
+
+    def _confirm(self) -> bool:
+        """Commit the held slots' positions; the coordinator accepts only a live member's."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        with self._lock:
+            claims = list(self._claims.values())
+        if not claims:
+            return False
+        sent = self.clock()
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(self.topic, c.slot, c.epoch + 1) for c in claims],
+                asynchronous=False,
+            )
+        except KafkaException as exc:
+            log.info("membership of %s not confirmed: %s", self.instance, exc.args[0])
+            return False
+        with self._lock:
+            self._confirmed_at = max(self._confirmed_at, sent)
+        with self.changed:
+            self.changed.notify_all()
+        return True
+
+    def _publish(self) -> None:
+        """Tell ``lakeprop members`` about this instance (a compacted topic, by instance)."""
+        claims = self.claims()
+        try:
+            extra = self.status()
+        except Exception as exc:  # a status is best effort
+            extra = {"status_error": str(exc)}
+        record = {
+            "instance": self.instance,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "slots": sorted(claims),
+            "epochs": {str(s): c.epoch for s, c in sorted(claims.items())},
+            "heartbeat": time.time(),
+            **extra,
+        }
+        self._producer.produce(
+            self.topic + STATUS_SUFFIX, json.dumps(record).encode(), key=self.instance.encode()
+        )
+        self._producer.poll(0)
