@@ -94,7 +94,7 @@ def _row(job_id: int, offset: int, watermark: int | None, **changes: object) -> 
         _ok,
     ).upserts.values()
     row = replace(row, job_id=job_id, log_offset=offset, watermark=watermark)
-    return replace(row, **changes)  # type: ignore[arg-type]
+    return replace(row, **changes)
 
 
 def _rec(offset: int) -> LogRecord:

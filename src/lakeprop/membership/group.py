@@ -309,6 +309,15 @@ class Seat:
 
     def _assigned(self, _consumer: Any, partitions: Iterable[Any]) -> None:
         slots = sorted(p.partition for p in partitions)
+        with self._lock:
+            if self._claims and not self._live():
+                # it was dropped without hearing so (no on_lost): what it held is gone,
+                # and its writer may be fenced already
+                log.warning("%s rejoined after a lapse; slot(s) %s dropped", self.instance, sorted(self._claims))
+                self._claims.clear()
+                self._adopted.clear()
+                self._draining.clear()
+                self.writer = _new_writer()
         claims = self._claim(slots)
         with self._lock:
             self._claims.update({c.slot: c for c in claims})

@@ -1,0 +1,299 @@
+"""Three service processes share thirty tables through the membership group.
+
+Each instance is its own ``spark-submit.sh`` process (local master, one core),
+on the test's broker and one shared state. The test kills one (SIGKILL),
+pauses another past its session timeout (SIGSTOP, then SIGCONT), restarts the
+killed one, and commits to every source between the steps. At the end every
+replica equals its source, no job's history holds a version range twice, and
+what the paused instance did after it woke up was fenced off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from devkit.spark import TEST_CONF
+from devkit.standalone import ROOT
+from devkit.waiting import assert_eventually
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig, ClusterConfig
+from lakeprop.membership.members import Member, members
+from lakeprop.spec import JobKey
+from tests.integration.helpers import cdf_source, history, latest_version, watches
+from tests.integration.test_cluster import SMALL_DATA
+from tests.integration.test_recovery import add_rows
+
+pytestmark = pytest.mark.integration
+
+TABLES = 30
+SLOTS = 12
+SESSION = 6.0
+
+
+def cluster_of(config: AppConfig) -> ClusterConfig:
+    return ClusterConfig(
+        enabled=True,
+        topic=f"{config.kafka.topic}.members",
+        slots=SLOTS,
+        session_timeout=SESSION,
+        heartbeat_interval=1.0,
+    )
+
+
+class Instance:
+    """One ``spark-submit.sh`` process of the service."""
+
+    def __init__(self, name: str, config: AppConfig, state: Path) -> None:
+        self.name = name
+        self.config = config
+        self.state = state
+        self.log = state / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Instance:
+        settings = {
+            "kafka.topic": self.config.kafka.topic,
+            "kafka.create_topic": "true",
+            "tick_interval": '"1s"',
+            "tables.resolution": '"path"',
+            "tables.warehouse": self.config.tables.warehouse,
+            "state.location": self.config.state.location,
+            "state.checkpoint_location": self.config.state.checkpoint_location,
+            "metrics.enabled": "false",
+            "engine.workers": "2",
+            "engine.retry_base": '"1s"',
+            "cluster.enabled": "true",
+            "cluster.instance_id": self.name,
+            "cluster.topic": f"{self.config.kafka.topic}.members",
+            "cluster.slots": str(SLOTS),
+            "cluster.session_timeout": f'"{SESSION:g}s"',
+            "cluster.heartbeat_interval": '"1s"',
+        }
+        command = [
+            str(ROOT / "spark-submit.sh"),
+            *("--master", "local[1]", "--config", "conf/cluster.toml"),
+            *("--conf", "spark.ui.enabled=false"),
+            *[arg for k in SMALL_DATA for arg in ("--conf", f"{k}={TEST_CONF[k]}")],
+            *[arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")],
+        ]
+        env = {
+            **os.environ,
+            "LAKEPROP_KAFKA_BOOTSTRAP": self.config.kafka.bootstrap_servers,
+            "LAKEPROP_STATE": str(self.state),
+        }
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def _group(self) -> int:
+        """The process group of spark-submit (the JVM and the Python driver)."""
+        assert self.process is not None
+        children = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        return int(children[0]) if children else self.process.pid
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self._group(), sig)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._group(), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(60)
+
+    def stop(self) -> int:
+        """Ctrl-C: the script stops the query after its micro-batch and leaves the group."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            return self.process.returncode
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+
+@contextlib.contextmanager
+def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict[str, Instance]]:
+    started = {name: Instance(name, config, state).start() for name in names}
+    try:
+        yield started
+    except BaseException:
+        for instance in started.values():
+            print(f"--- {instance.name}\n" + instance.log.read_text()[-6000:])
+        raise
+    finally:
+        for instance in started.values():
+            with contextlib.suppress(Exception):
+                instance.signal(signal.SIGCONT)
+            with contextlib.suppress(Exception):
+                instance.stop()
+
+
+def group(
+    config: AppConfig, cluster: ClusterConfig, tables: list[tuple[str, str]]
+) -> dict[str, Member]:
+    return {m.instance: m for m in members(config.kafka, cluster, tables) if m.slots}
+
+
+def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoin(
+    spark: SparkSession, app_config: AppConfig, tmp_path: Path
+) -> None:
+    cluster = cluster_of(app_config)
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    names = [f"t{i:02d}" for i in range(TABLES)]
+    paths = {name: cdf_source(spark, app_config, "fleet", name) for name in names}
+    keys = {name: JobKey(1, "fleet", name, "copy") for name in names}
+    for name in names:
+        client.register_job(
+            keys[name],
+            {
+                "trigger": {"kind": "greedy"},
+                "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
+            },
+        )
+    tables = [("fleet", name) for name in names]
+    rows = iter(range(0, 10_000, 2))
+
+    def commit_everywhere() -> dict[str, int]:
+        for name in names:
+            start = next(rows)
+            add_rows(spark, paths[name], range(start, start + 2))
+        return {name: latest_version(spark, paths[name]) for name in names}
+
+    def reached(versions: dict[str, int], timeout: float = 240.0) -> None:
+        def check() -> None:
+            done = {
+                r["table"]: r["v"]
+                for r in history(spark, app_config)
+                .where("outcome = 'success'")
+                .groupBy("table")
+                .agg(F.max("to_version").alias("v"))
+                .collect()
+            }
+            behind = {n: (done.get(n), v) for n, v in versions.items() if done.get(n) != v}
+            assert not behind, behind
+
+        assert_eventually(check, timeout=timeout, changes=watches(spark, app_config, "iterations"))
+
+    versions = commit_everywhere()
+    state = tmp_path / "instances"
+    state.mkdir()
+    with instances(app_config, state, ["i0", "i1", "i2"]) as running:
+        # the slots spread over all three, and so do the tables' iterations
+        def three() -> dict[str, Member]:
+            seen = group(app_config, cluster, tables)
+            assert set(seen) == {"i0", "i1", "i2"}, seen
+            assert sum(len(m.slots) for m in seen.values()) == SLOTS
+            return seen
+
+        first = assert_eventually(three, timeout=300, interval=1.0)
+        assert all(m.tables for m in first.values()), first
+        reached(versions)
+
+        # SIGKILL one: its tables are served by the other two
+        killed_tables = set(first["i0"].tables)
+        running["i0"].kill()
+        versions = commit_everywhere()
+
+        def two() -> None:
+            seen = group(app_config, cluster, tables)
+            assert set(seen) == {"i1", "i2"}, seen
+            assert sum(len(m.slots) for m in seen.values()) == SLOTS
+
+        assert_eventually(two, timeout=60, interval=0.5)
+        reached(versions)
+
+        # SIGSTOP another past its session timeout: the third serves everything
+        running["i1"].signal(signal.SIGSTOP)
+        stopped_at = time.time()
+
+        def one() -> None:
+            seen = group(app_config, cluster, tables)
+            assert set(seen) == {"i2"} and len(seen["i2"].slots) == SLOTS, seen
+
+        assert_eventually(one, timeout=60, interval=0.5)
+        versions = commit_everywhere()
+        reached(versions)
+        resumed_at = time.time()
+        history_at_resume = history_version(spark, app_config)
+        running["i1"].signal(signal.SIGCONT)
+
+        # the killed one restarts, the paused one rejoins: all three share again
+        running["i0"] = Instance("i0", app_config, state).start()
+        again = assert_eventually(three, timeout=300, interval=1.0)
+        versions = commit_everywhere()
+        reached(versions)
+
+    # every replica equals its source
+    for name in names:
+        assert_df_equality(
+            spark.read.format("delta").load(f"{app_config.tables.warehouse}/fleet/{name}_copy"),
+            spark.read.format("delta").load(paths[name]),
+            ignore_row_order=True,
+        )
+    runs = (
+        history(spark, app_config)
+        .where("outcome = 'success'")
+        .select("table", "kind", "from_version", "to_version", "owner", "started_at", "ended_at")
+        .collect()
+    )
+    # no version range twice: each table's successful ranges chain without overlap
+    for name in names:
+        ranges = sorted(
+            (r["from_version"] if r["kind"] == "tail" else -1, r["to_version"])
+            for r in runs
+            if r["table"] == name
+        )
+        for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
+            assert start >= end, (name, ranges)
+    owners = {r["owner"].split("@")[0] for r in runs}
+    assert owners == {"i0", "i1", "i2"}, owners
+    # the killed instance's tables were served by the others after the kill
+    moved = {r["table"] for r in runs if r["owner"].split("@")[0] in {"i1", "i2"}}
+    assert {t.split(".")[1] for t in killed_tables} <= moved
+    # nothing the paused instance recorded after it woke up was under the epochs it held
+    # before the pause (those were fenced when the others took its slots)
+    stale_owners = {
+        r["owner"]
+        for r in runs
+        if r["owner"].startswith("i1@") and r["ended_at"].timestamp() < stopped_at
+    }
+    path = app_config.state.table_path("iterations")
+    at_resume = spark.read.format("delta").option("versionAsOf", history_at_resume).load(path)
+    late = (
+        spark.read.format("delta")
+        .load(path)
+        .where(F.col("owner").isin(*stale_owners))
+        .exceptAll(at_resume)
+        .collect()
+    )
+    assert stale_owners and not late, late
+    assert again["i1"].slots and resumed_at > stopped_at
+
+
+def history_version(spark: SparkSession, config: AppConfig) -> int:
+    return latest_version(spark, config.state.table_path("iterations"))
