@@ -28,6 +28,7 @@ from devkit.standalone import ROOT
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
+from lakeprop.errors import BrokerError
 from lakeprop.membership.members import Member, members
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, history, latest_version, watches
@@ -156,9 +157,14 @@ def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict
 def group(
     config: AppConfig, cluster: ClusterConfig, tables: list[tuple[str, str]]
 ) -> dict[str, Member]:
-    return {m.instance: m for m in members(config.kafka, cluster, tables) if m.slots}
+    try:
+        found = members(config.kafka, cluster, tables)
+    except BrokerError as exc:  # the group's coordinator is still loading
+        raise AssertionError(str(exc)) from exc
+    return {m.instance: m for m in found if m.slots}
 
 
+@pytest.mark.timeout(900)
 def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoin(
     spark: SparkSession, app_config: AppConfig, tmp_path: Path
 ) -> None:

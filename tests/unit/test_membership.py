@@ -163,17 +163,21 @@ class Clock:
 def _seat(clock: Clock) -> Seat:
     seat = Seat(KafkaConfig(), ClusterConfig(slots=8, session_timeout=6.0), clock=clock)
     seat._claims = {3: Claim(3, 41), 5: Claim(5, 7)}
-    seat._confirmed_at = clock.now
+    seat._suspect = False
+    seat._last_tick = clock.now
     return seat
 
 
-def test_a_seat_not_confirmed_within_the_session_timeout_holds_nothing() -> None:
+def test_a_seat_paused_near_its_session_timeout_holds_nothing_until_confirmed() -> None:
     clock = Clock()
-    seat = _seat(clock)
-    clock.now += 5.9
+    seat = _seat(clock)  # session 6 s, heartbeats every second: a 4 s gap is suspect
+    clock.now += 3.9
     assert seat.holds(3) and seat.may_write(5) == Claim(5, 7) and not seat.holds(4)
-    clock.now += 0.2  # paused past the timeout: it stops believing before it hears anything
+    seat._tick()
+    clock.now += 4.1  # paused: a thread that runs first sees the gap before the clock thread
     assert not seat.holds(3) and seat.may_write(5) is None and seat.claims() == {}
+    seat._tick()  # the clock thread sees it too, and the seat stays suspect
+    assert seat._suspect and not seat.holds(3)
     assert seat.assigned() == {3, 5}  # still assigned as far as it knows: its rows wait
 
 

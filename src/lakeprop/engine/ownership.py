@@ -161,8 +161,8 @@ class SlotOwner(SoleOwner):
         return self.instance if claim is None else f"{self.instance}@{claim.epoch}"
 
     def fenced(self, claims: Iterable[Claim]) -> list[Signature]:
-        writers = {w for claim in claims for w in self.seat.predecessors(claim)}
-        return [Signature(w, FENCE_VERSION, "") for w in sorted(writers) if w != self.seat.writer]
+        writers = self.seat.predecessors(claims)
+        return [Signature(w, FENCE_VERSION, "") for w in writers if w != self.seat.writer]
 
     # -- handover, between the seat's thread and the micro-batch thread ----------------
 
@@ -178,7 +178,7 @@ class SlotOwner(SoleOwner):
         return handover
 
     def adopt(self, slots: Iterable[int]) -> None:
-        taken = set(slots)
+        taken = set(slots) & self.seat.assigned()  # some may have been revoked meanwhile
         with self._lock:
             self._served |= taken
         self.seat.adopted(taken)

@@ -13,15 +13,15 @@ Three things are added on top, for the writes an owner makes:
   partition and keeps the record's offset as its epoch on the slot. Offsets
   only grow, so a later owner's epoch is always larger than an earlier one's,
   which is what a stale owner's write is told apart by.
-* **Confirmation.** Every ``heartbeat_interval`` the seat commits its position
-  on the held partitions, synchronously. The coordinator accepts a commit only
-  from a member of the current generation, so a success proves the seat was
-  live when the commit was sent.
-* **A self-fence.** :meth:`Seat.holds` is true only within ``session_timeout``
-  of the send time of the last confirmed commit, on the monotonic clock, which
-  runs on while the process is paused. An instance paused past its session
-  timeout (a long GC, ``SIGSTOP``) therefore stops believing it owns anything
-  the moment it runs again, before its consumer learns that it was dropped.
+* **A self-fence.** A thread of the seat beats every 0.1 s on the monotonic
+  clock, which runs on while the process is stopped. A gap longer than the
+  session timeout less two heartbeats (a long GC, ``SIGSTOP``) makes the seat
+  suspect, and whichever thread runs first after the pause sees it:
+  :meth:`Seat.holds` is false until the coordinator vouches for the seat again,
+  by accepting a synchronous commit of its positions (only a member of the
+  group gets that) or by a new assignment. An instance paused past its
+  session timeout therefore stops believing it owns anything the moment it
+  runs again, before its consumer learns that it was dropped.
 
 A slot being revoked (another instance joined) is drained first: ``on_revoke``
 runs inside the rebalance, and the coordinator gives the slot away only after
@@ -98,13 +98,18 @@ def _new_writer() -> str:
 
 
 def unreleased_writers(
-    kafka: KafkaConfig, topic: str, claim: Claim, timeout: float = 10.0, window: int = 64
+    kafka: KafkaConfig,
+    topic: str,
+    claims: Iterable[Claim],
+    timeout: float = 10.0,
+    window: int = 64,
 ) -> list[str]:
-    """Writers of the claims on ``claim``'s slot after its last release and before
-    ``claim`` (within the ``window`` records before it)."""
+    """Writers of the claims on each claimed slot after its last release and before
+    the claim (within the ``window`` records before it), read in one pass."""
     from confluent_kafka import Consumer, TopicPartition
 
-    if claim.epoch == 0:
+    wanted = {c.slot: c.epoch for c in claims if c.epoch > 0}
+    if not wanted:
         return []
     consumer = Consumer(
         {
@@ -114,35 +119,43 @@ def unreleased_writers(
             "enable.auto.commit": False,
         }
     )
+    records: dict[int, list[dict[str, Any]]] = {slot: [] for slot in wanted}
     try:
-        low, _high = consumer.get_watermark_offsets(
-            TopicPartition(topic, claim.slot), timeout=timeout
-        )
-        start = max(low, claim.epoch - window)
-        consumer.assign([TopicPartition(topic, claim.slot, start)])
-        records: list[dict[str, Any]] = []
-        position = start
-        while position < claim.epoch:
-            message = consumer.poll(timeout)
+        starts = {}
+        for slot, epoch in wanted.items():
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, slot), timeout=timeout)
+            starts[slot] = max(low, epoch - window)
+        consumer.assign([TopicPartition(topic, slot, start) for slot, start in starts.items()])
+        position = dict(starts)
+        deadline = time.monotonic() + timeout
+        while any(position[s] < wanted[s] for s in wanted):
+            message = consumer.poll(max(0.0, deadline - time.monotonic()))
             if message is None:
-                raise BrokerError(
-                    f"could not read slot {claim.slot} of {topic} before {claim.epoch}"
-                )
+                raise BrokerError(f"could not read the claims of slots {sorted(wanted)} of {topic}")
             if message.error() is not None:
                 continue
-            offset, value = message.offset() or 0, message.value()
-            position = offset + 1
-            if offset < claim.epoch and value:
-                records.append(json.loads(value))
+            partition, offset, value = message.partition(), message.offset() or 0, message.value()
+            if partition is None or partition not in wanted:
+                continue
+            slot = partition
+            position[slot] = offset + 1
+            if offset < wanted[slot] and value:
+                records[slot].append(json.loads(value))
     finally:
         consumer.close()
-    writers: list[str] = []
-    for record in reversed(records):
-        if record.get("kind") == "release":
-            break
-        if record.get("kind") == "claim" and record.get("writer"):
-            writers.append(str(record["writer"]))
-    return writers
+    return _unreleased(records.values())
+
+
+def _unreleased(per_slot: Iterable[list[dict[str, Any]]]) -> list[str]:
+    """The claims' writers after each slot's last release."""
+    writers: set[str] = set()
+    for slot_records in per_slot:
+        for record in reversed(slot_records):
+            if record.get("kind") == "release":
+                break
+            if record.get("kind") == "claim" and record.get("writer"):
+                writers.add(str(record["writer"]))
+    return sorted(writers)
 
 
 class Seat:
@@ -184,8 +197,15 @@ class Seat:
         dropped, so that fencing an earlier one never fences this."""
         self._adopted: set[int] = set()
         """Slots whose predecessors were fenced by this seat (see :meth:`adopted`)."""
-        self._confirmed_at = float("-inf")
-        """Monotonic send time of the last commit the coordinator accepted."""
+        self._last_tick = clock()
+        """When the seat's clock thread last ran (monotonic)."""
+        self._suspect = True
+        """Set until the coordinator vouches for the seat (an assignment, a commit it
+        accepted), and again after a pause long enough to have been dropped."""
+        self.pause_limit = max(
+            cluster.heartbeat_interval, cluster.session_timeout - 2 * cluster.heartbeat_interval
+        )
+        """A gap in the clock thread this long may have cost the seat its membership."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
@@ -225,7 +245,24 @@ class Seat:
             self._adopted.update(s for s in slots if s in self._claims)
 
     def _live(self) -> bool:
-        return self.clock() - self._confirmed_at < self.cluster.session_timeout
+        """Not suspect, and not paused: whichever thread runs first after a pause sees
+        the gap in the clock thread's ticks, before the clock thread itself does."""
+        return not self._suspect and self.clock() - self._last_tick <= self.pause_limit
+
+    def _tick(self) -> None:
+        """The clock thread's beat: a gap longer than :attr:`pause_limit` since the last
+        one (the process was stopped, or starved) makes the seat suspect."""
+        now = self.clock()
+        with self._lock:
+            if now - self._last_tick > self.pause_limit and not self._suspect:
+                log.warning(
+                    "%s was paused for %.1fs: holding nothing until the group coordinator "
+                    "confirms its membership",
+                    self.instance,
+                    now - self._last_tick,
+                )
+                self._suspect = True
+            self._last_tick = now
 
     def wait_for(self, predicate: Callable[[Seat], bool], timeout: float) -> bool:
         """Wait until ``predicate(self)`` holds after a rebalance or confirmation."""
@@ -285,44 +322,55 @@ class Seat:
             self._thread = None
 
     def _run(self) -> None:
+        """The seat's thread: polls, which runs the rebalance callbacks (heartbeats
+        ride on librdkafka's own thread)."""
         consumer = self._consumer
-        next_confirm = 0.0
+        confirming = threading.Thread(
+            target=self._confirm_loop, name="lakeprop-membership-confirm", daemon=True
+        )
+        confirming.start()
         try:
             while not self._stop.is_set():
-                consumer.poll(0.2)  # heartbeats ride on librdkafka's thread; callbacks here
-                now = self.clock()
-                if now >= next_confirm:
-                    self._confirm()
-                    self._publish()
-                    next_confirm = now + self.cluster.heartbeat_interval
+                consumer.poll(0.2)
         except Exception:  # the seat is gone: hold nothing
             log.exception("membership seat of %s failed", self.instance)
             self._drop(self.on_lost)
         finally:
+            confirming.join()
             try:
                 consumer.close()  # runs on_revoke for what is still held
             finally:
                 self._drop(lambda _slots: None)
                 self._producer.flush(5)
 
+    def _confirm_loop(self) -> None:
+        """The clock thread: beats every 0.1 s; every ``heartbeat_interval`` it asks the
+        coordinator to confirm a suspect seat and publishes the status. It runs also
+        while a revocation drains on the seat's thread."""
+        next_beat = 0.0
+        while not self._stop.wait(0.1):
+            self._tick()
+            if self.clock() < next_beat:
+                continue
+            next_beat = self.clock() + self.cluster.heartbeat_interval
+            try:
+                if self._suspect:
+                    self._confirm()
+                self._publish()
+            except Exception:  # a status or a confirmation is retried next time
+                log.exception("membership heartbeat of %s failed", self.instance)
+
     # -- the rebalance callbacks (on the seat's thread, inside poll) -------------------
 
     def _assigned(self, _consumer: Any, partitions: Iterable[Any]) -> None:
         slots = sorted(p.partition for p in partitions)
-        with self._lock:
-            if self._claims and not self._live():
-                # it was dropped without hearing so (no on_lost): what it held is gone,
-                # and its writer may be fenced already
-                log.warning("%s rejoined after a lapse; slot(s) %s dropped", self.instance, sorted(self._claims))
-                self._claims.clear()
-                self._adopted.clear()
-                self._draining.clear()
-                self.writer = _new_writer()
+        with self._lock:  # the coordinator just gave this member a generation: it is live
+            self._suspect = False
+            self._last_tick = self.clock()
         claims = self._claim(slots)
         with self._lock:
             self._claims.update({c.slot: c for c in claims})
         log.info("%s holds slot(s) %s", self.instance, [c.slot for c in claims])
-        self._confirm()
         self._changed()
 
     def _revoked(self, _consumer: Any, partitions: Iterable[Any]) -> None:
@@ -367,7 +415,7 @@ class Seat:
             self._claims.clear()
             self._adopted.clear()
             self._draining.clear()
-            self._confirmed_at = float("-inf")
+            self._suspect = True
         if slots:
             notify(slots)
         self._changed()
@@ -417,30 +465,37 @@ class Seat:
         self._producer.flush(self.cluster.session_timeout)
         return offsets
 
-    def predecessors(self, claim: Claim, timeout: float = 10.0) -> list[str]:
-        """Writer ids that may still write for ``claim``'s slot: those that claimed it
-        before this seat since the last release (usually one, or none)."""
-        return unreleased_writers(self.kafka, self.topic, claim, timeout)
+    def predecessors(self, claims: Iterable[Claim], timeout: float = 10.0) -> list[str]:
+        """Writer ids that may still write for the claimed slots: those that claimed
+        them before this seat since their last release (usually one each, or none)."""
+        return unreleased_writers(self.kafka, self.topic, claims, timeout)
 
     def _confirm(self) -> bool:
-        """Commit the held slots' positions; the coordinator accepts only a live member's."""
-        from confluent_kafka import KafkaException, TopicPartition
+        """Commit the held slots' positions, synchronously: the coordinator answers a
+        live member with success, or with a rebalance under way (still a member);
+        a member it dropped gets ``UNKNOWN_MEMBER_ID``."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         with self._lock:
             claims = list(self._claims.values())
         if not claims:
             return False
-        sent = self.clock()
         try:
             self._consumer.commit(
                 offsets=[TopicPartition(self.topic, c.slot, c.epoch + 1) for c in claims],
                 asynchronous=False,
             )
         except KafkaException as exc:
-            log.info("membership of %s not confirmed: %s", self.instance, exc.args[0])
-            return False
+            error = exc.args[0]
+            if error.code() not in (
+                KafkaError.REBALANCE_IN_PROGRESS,
+                KafkaError.ILLEGAL_GENERATION,
+            ):
+                log.info("membership of %s not confirmed: %s", self.instance, error)
+                return False
         with self._lock:
-            self._confirmed_at = max(self._confirmed_at, sent)
+            self._suspect = False
+        log.info("membership of %s confirmed", self.instance)
         with self.changed:
             self.changed.notify_all()
         return True

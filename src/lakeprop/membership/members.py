@@ -9,6 +9,7 @@ longer lists is gone, whatever its last status says.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,12 +84,17 @@ def members(
     topic = cluster.members_topic(kafka.topic)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
     group = group_id(topic)
-    try:
-        description = admin.describe_consumer_groups([group], request_timeout=timeout)[
-            group
-        ].result(timeout)
-    except KafkaException as exc:
-        raise BrokerError(f"could not describe group {group}: {exc.args[0]}") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            future = admin.describe_consumer_groups([group], request_timeout=timeout)[group]
+            description = future.result(timeout)
+            break
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not error.retriable() or time.monotonic() >= deadline:
+                raise BrokerError(f"could not describe group {group}: {error}") from None
+            time.sleep(0.2)  # the group's coordinator is moving or loading
     if description.state in (ConsumerGroupState.DEAD, ConsumerGroupState.UNKNOWN):
         return []
     try:

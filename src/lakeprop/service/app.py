@@ -83,7 +83,9 @@ class PropagationApp:
         shared: SharedWrites | None = None
         if config.cluster.enabled:
             self.seat = Seat(config.kafka, config.cluster, status=self._status)
-            self.ownership = owner = SlotOwner(self.seat, config.engine.iteration_timeout)
+            self.ownership = owner = SlotOwner(
+                self.seat, min(config.engine.iteration_timeout, 120.0)
+            )
             shared = SharedWrites(
                 scope=self._scope,
                 owner=lambda row: owner.owner_of(row.database, row.table) or "",
