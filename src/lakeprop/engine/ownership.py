@@ -77,6 +77,9 @@ class SoleOwner:
         """Whether this instance does the cluster-wide chores (usage, accounts)."""
         return True
 
+    def explain(self, database: str, table: str) -> str:
+        return "one instance"
+
     def sign(self, database: str | None = None, table: str | None = None) -> Signature | None:
         return None
 
@@ -144,6 +147,16 @@ class SlotOwner(SoleOwner):
 
     def leads(self) -> bool:
         return self.seat.holds(0)
+
+    def explain(self, database: str, table: str) -> str:
+        """Why this instance may or may not write for the table now (for logs)."""
+        slot = self.slot(database, table)
+        with self._lock:
+            adopted = slot in self._served
+        return (
+            f"slot {slot}: adopted={adopted}, assigned={slot in self.seat.assigned()}, "
+            f"writable={self.seat.may_write(slot) is not None}"
+        )
 
     def sign(self, database: str | None = None, table: str | None = None) -> Signature | None:
         claim = (

@@ -365,9 +365,15 @@ class Runner:
             if self.ownership.may_write(r.plan.table.database, r.plan.table.table)
         ]
         if len(kept) < len(results):
+            dropped = next(r for r in results if r not in kept)
+            table = dropped.plan.table
             log.warning(
-                "%d iteration result(s) not recorded: their tables moved to another instance",
+                "%d iteration result(s) not recorded: their tables moved to another instance "
+                "(%s.%s %s)",
                 len(results) - len(kept),
+                table.database,
+                table.table,
+                self.ownership.explain(table.database, table.table),
             )
         return kept
 

@@ -9,6 +9,7 @@ are new and otherwise inserted only where their key is missing
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 from typing import Any
@@ -37,6 +38,10 @@ the whole table state, and it made every tenth append 3 to 8 times slower than
 the others; a read replays at most 99 small JSON commits instead."""
 
 
+CREATE_WAIT = 30.0
+"""Seconds a start waits for a state table another instance is creating."""
+
+
 def ensure_table(
     spark: SparkSession,
     path: str,
@@ -57,9 +62,13 @@ def ensure_table(
     try:
         builder.execute()
     except Exception:
-        # another instance sharing the state (cluster.enabled) created it first
-        if DeltaLogProbe(spark).latest_version(path) is not None:
-            return False
+        # another instance sharing the state (cluster.enabled) is creating it: its
+        # first commit shows up in a moment
+        deadline = time.monotonic() + CREATE_WAIT
+        while time.monotonic() < deadline:
+            if DeltaLogProbe(spark).latest_version(path) is not None:
+                return False
+            time.sleep(0.2)
         raise
     return True
 
