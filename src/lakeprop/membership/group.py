@@ -209,6 +209,7 @@ class Seat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
+        self._meter: Any = None
         self._producer: Any = None
         self.rebalances = 0
         """Assignments and revocations seen (tests wait on it)."""
@@ -281,7 +282,7 @@ class Seat:
         from confluent_kafka import TopicPartition
 
         return {
-            p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+            p: self._meter.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
             for p in partitions
         }
 
@@ -306,6 +307,10 @@ class Seat:
                 "auto.offset.reset": "latest",
             }
         )
+        self._meter = Consumer(
+            {**common, "group.id": f"{self.group}.meter", "client.id": self.instance}
+        )
+        """A consumer outside the group, for the change log's end offsets (the lag)."""
         self._consumer.subscribe(
             [self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
@@ -323,42 +328,46 @@ class Seat:
 
     def _run(self) -> None:
         """The seat's thread: polls, which runs the rebalance callbacks (heartbeats
-        ride on librdkafka's own thread)."""
+        ride on librdkafka's own thread); every ``heartbeat_interval`` it asks the
+        coordinator to vouch for a suspect seat and publishes the status. The
+        consumer is used on this thread only."""
         consumer = self._consumer
-        confirming = threading.Thread(
-            target=self._confirm_loop, name="lakeprop-membership-confirm", daemon=True
+        clock = threading.Thread(
+            target=self._clock_loop, name="lakeprop-membership-clock", daemon=True
         )
-        confirming.start()
+        clock.start()
+        next_beat = 0.0
         try:
             while not self._stop.is_set():
                 consumer.poll(0.2)
+                if self.clock() >= next_beat:
+                    next_beat = self.clock() + self.cluster.heartbeat_interval
+                    self._beat()
         except Exception:  # the seat is gone: hold nothing
             log.exception("membership seat of %s failed", self.instance)
             self._drop(self.on_lost)
         finally:
-            confirming.join()
+            clock.join()
             try:
                 consumer.close()  # runs on_revoke for what is still held
             finally:
                 self._drop(lambda _slots: None)
                 self._producer.flush(5)
+                self._meter.close()
 
-    def _confirm_loop(self) -> None:
-        """The clock thread: beats every 0.1 s; every ``heartbeat_interval`` it asks the
-        coordinator to confirm a suspect seat and publishes the status. It runs also
-        while a revocation drains on the seat's thread."""
-        next_beat = 0.0
+    def _beat(self) -> None:
+        try:
+            if self._suspect:
+                self._confirm()
+            self._publish()
+        except Exception:  # a status or a confirmation is tried again next time
+            log.exception("membership heartbeat of %s failed", self.instance)
+
+    def _clock_loop(self) -> None:
+        """The clock thread: beats every 0.1 s, and does nothing else (so that a gap in
+        its beats means the process was stopped or starved)."""
         while not self._stop.wait(0.1):
             self._tick()
-            if self.clock() < next_beat:
-                continue
-            next_beat = self.clock() + self.cluster.heartbeat_interval
-            try:
-                if self._suspect:
-                    self._confirm()
-                self._publish()
-            except Exception:  # a status or a confirmation is retried next time
-                log.exception("membership heartbeat of %s failed", self.instance)
 
     # -- the rebalance callbacks (on the seat's thread, inside poll) -------------------
 
