@@ -17,7 +17,7 @@ from lakeprop.engine.ownership import FENCE_VERSION, SlotOwner, SoleOwner
 from lakeprop.engine.takeover import take_over
 from lakeprop.errors import InvalidConfigError
 from lakeprop.membership.assignment import movement, owners, sticky
-from lakeprop.membership.group import Claim, Seat
+from lakeprop.membership.group import Claim, Seat, _unreleased
 from lakeprop.membership.slots import owned_tables, slot_of, tables_by_slot
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
@@ -220,3 +220,18 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_a_new_owner_fences_the_writers_not_released_before_its_claim() -> None:
+    def claim(writer: str) -> dict[str, object]:
+        return {"kind": "claim", "writer": writer}
+
+    def release(writer: str, adopted: bool) -> dict[str, object]:
+        return {"kind": "release", "writer": writer, "adopted": adopted}
+
+    assert _unreleased([[claim("a"), release("a", True)]]) == []
+    assert _unreleased([[claim("a")]]) == ["a"]  # dropped without a word
+    # b gave the slot up before it fenced a: a may still write, b may not
+    assert _unreleased([[claim("a"), claim("b"), release("b", False)]]) == ["a"]
+    assert _unreleased([[claim("a"), release("a", True), claim("b"), claim("c")]]) == ["b", "c"]
+    assert _unreleased([[claim("x")], [claim("y"), release("y", True)]]) == ["x"]

@@ -147,14 +147,21 @@ def unreleased_writers(
 
 
 def _unreleased(per_slot: Iterable[list[dict[str, Any]]]) -> list[str]:
-    """The claims' writers after each slot's last release."""
+    """The claims' writers after each slot's last release by an owner that had fenced
+    its own predecessors. A release by one that had not (it gave the slot up before
+    taking it over) ends only its own writer's claim: the claims before it may
+    still be live."""
     writers: set[str] = set()
     for slot_records in per_slot:
+        done: set[str] = set()
         for record in reversed(slot_records):
+            writer = str(record.get("writer") or "")
             if record.get("kind") == "release":
-                break
-            if record.get("kind") == "claim" and record.get("writer"):
-                writers.add(str(record["writer"]))
+                if record.get("adopted", True):
+                    break
+                done.add(writer)
+            elif record.get("kind") == "claim" and writer and writer not in done:
+                writers.add(writer)
     return sorted(writers)
 
 
@@ -392,8 +399,11 @@ class Seat:
         try:
             self.on_revoke(slots)
             with self._lock:
-                released = sorted(slots & self._adopted & set(self._claims))
-            self._append(released, {"kind": "release"})
+                held = slots & set(self._claims)
+                adopted = sorted(held & self._adopted)
+                not_adopted = sorted(held - self._adopted)
+            self._append(adopted, {"kind": "release", "adopted": True})
+            self._append(not_adopted, {"kind": "release", "adopted": False})
         finally:
             with self._lock:
                 for slot in slots:
