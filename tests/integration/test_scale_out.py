@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -27,12 +28,13 @@ from pyspark.sql import functions as F
 from devkit.spark import TEST_CONF
 from devkit.standalone import ROOT
 from devkit.waiting import assert_eventually
+from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.errors import BrokerError
 from lakeprop.membership.members import Member, members
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cdf_source, history, latest_version, watches
+from tests.integration.helpers import cdf_source, cli_settings, history, latest_version, watches
 from tests.integration.test_cluster import SMALL_DATA
 from tests.integration.test_recovery import add_rows
 
@@ -237,7 +239,7 @@ class Fleet:
 
 @pytest.mark.timeout(900)
 def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoin(
-    spark: SparkSession, app_config: AppConfig, tmp_path: Path
+    spark: SparkSession, app_config: AppConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fleet = Fleet(spark, app_config)
     versions = fleet.commit_everywhere()
@@ -248,6 +250,7 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
         first = fleet.members({"i0", "i1", "i2"})
         assert all(m.tables for m in first.values()), first
         fleet.reached(versions)
+        assert_members_command_lists(app_config, capsys, first)
 
         # SIGKILL one: its tables are served by the other two
         running["i0"].kill()
@@ -283,6 +286,32 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
     killed = {t.split(".")[1] for t in first["i0"].tables}
     assert killed <= {r["table"] for r in runs if not r["owner"].startswith("i0@")}
     assert_nothing_stale_landed(spark, app_config, runs, stopped_at, history_at_resume)
+
+
+def assert_members_command_lists(
+    config: AppConfig, capsys: pytest.CaptureFixture[str], seen: dict[str, Member]
+) -> None:
+    """``lakeprop members`` shows each instance's slots and tables; ``status`` shows
+    each job's owner among them."""
+    settings = [
+        *cli_settings(config),
+        *("--set", f"cluster.topic={config.kafka.topic}.members"),
+        *("--set", f"cluster.slots={SLOTS}"),
+    ]
+    capsys.readouterr()
+    assert cli.main([*settings, "--json", "members"]) == 0
+    listed = {m["instance"]: m for m in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert {i: (tuple(m["slots"]), tuple(m["tables"])) for i, m in listed.items()} == {
+        i: (m.slots, m.tables) for i, m in seen.items()
+    }
+    assert all(m["status"]["instance"] == i for i, m in listed.items())
+    assert cli.main([*settings, "list"]) == 0
+    table = capsys.readouterr().out
+    assert "OWNER" in table.splitlines()[0]
+    for instance, member in seen.items():
+        for name in member.tables:
+            line = next(x for x in table.splitlines() if f"{name}/copy" in x)
+            assert f" {instance}@" in line, (instance, line)
 
 
 def assert_no_range_twice(runs: list[Row], names: list[str]) -> None:

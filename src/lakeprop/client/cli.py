@@ -372,6 +372,28 @@ def cmd_accounts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_members(args: argparse.Namespace) -> int:
+    """The instances sharing the tables (``cluster.enabled``): the group coordinator's
+    view, with what each instance last published about itself."""
+    import time
+
+    from lakeprop.client.render import members_table
+    from lakeprop.membership.members import members
+
+    config = _config(args)
+    jobs = _reader(args).list_jobs()
+    tables = sorted({(j.key.database, j.key.table) for j in jobs})
+    found = members(config.kafka, config.cluster, tables)
+    if args.json:
+        for member in found:
+            print(json.dumps(asdict(member), sort_keys=True, default=str))
+    elif found:
+        print(members_table(found, time.time()))
+    else:
+        print(f"no instance in the group of {config.cluster.members_topic(config.kafka.topic)}")
+    return 0
+
+
 def _moment(text: str) -> datetime:
     """An ISO date or date and time (UTC)."""
     try:
@@ -594,6 +616,9 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "accounts", help="each account's queued and running iterations, waits, backpressure"
     )
+    sub.add_parser(
+        "members", help="the instances sharing the tables: slots, tables, lag, last heartbeat"
+    )
     p = sub.add_parser("notify", help="announce a commit to a source table (notifications)")
     p.add_argument("--database", required=True)
     p.add_argument("--table", required=True)
@@ -629,6 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list": cmd_list,
         "usage": cmd_usage,
         "accounts": cmd_accounts,
+        "members": cmd_members,
         "notify": cmd_notify,
         "search": cmd_search,
         "vector-search": cmd_vector_search,

@@ -87,6 +87,8 @@ class JobInfo:
     status: dict[str, Any]
     create_at: datetime
     drop_at: datetime | None
+    owner: str | None = None
+    """``<instance>@<epoch>`` of the instance serving the job (``cluster.enabled``)."""
 
     @classmethod
     def from_row(cls, row: CatalogRow) -> JobInfo:
@@ -100,6 +102,7 @@ class JobInfo:
             status=json.loads(row.job_status),
             create_at=row.create_at,
             drop_at=row.drop_at,
+            owner=row.owner,
         )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from lakeprop.client.api import BulkStatus, JobInfo
+from lakeprop.membership.members import Member
 from lakeprop.state.accounts import AccountRow
 from lakeprop.state.usage import UsageRow
 
@@ -118,8 +119,10 @@ def accounts_table(rows: Sequence[AccountRow]) -> str:
 
 
 def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | None]) -> str:
-    """One row per job; ``latest`` maps (database, table) to the source's version."""
-    rows = [COLUMNS] + [
+    """One row per job; ``latest`` maps (database, table) to the source's version. Jobs
+    served by several instances (``cluster.enabled``) also show their owner."""
+    owned = any(j.owner for j in jobs)
+    rows = [(*COLUMNS, "OWNER") if owned else COLUMNS] + [
         (
             f"{j.key.account_id}/{j.key.database}.{j.key.table}/{j.key.job_name}",
             str(j.job_id),
@@ -127,10 +130,38 @@ def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | No
             _cell(j.watermark),
             _cell(lag(j, latest.get((j.key.database, j.key.table)))),
             last_error(j),
+            *((_cell(j.owner),) if owned else ()),
         )
         for j in jobs
     ]
     return _aligned(rows)
+
+
+MEMBER_COLUMNS = ("INSTANCE", "HOST", "SLOTS", "TABLES", "JOBS", "LAG", "LAST HEARTBEAT")
+
+
+def members_table(members: Sequence[Member], now: float) -> str:
+    """One row per instance in the membership group."""
+
+    def slots(values: Sequence[int]) -> str:
+        text = ",".join(map(str, values))
+        return text if len(text) <= 30 else f"{len(values)} slots"
+
+    return _aligned(
+        [MEMBER_COLUMNS]
+        + [
+            (
+                m.instance,
+                m.host,
+                slots(m.slots),
+                str(len(m.tables)),
+                _cell(m.status.get("jobs")),
+                _cell(m.lag),
+                "-" if m.heartbeat is None else f"{now - m.heartbeat:.1f}s ago",
+            )
+            for m in members
+        ]
+    )
 
 
 BULK_COLUMNS = ("TASK", "JOB", "JOB ID", "STATE", "ATTEMPTS", "DETAIL")
