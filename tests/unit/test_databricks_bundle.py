@@ -88,3 +88,25 @@ def test_the_job_runs_one_continuous_service_on_dedicated_compute(bundle: dict[s
     runtime = bundle["variables"]["spark_version"]["default"]
     assert re.fullmatch(r"1[7-9]\.\d+\.x-scala2\.13", runtime)  # Spark 4, Scala 2.13
     assert {"dev", "prod"} <= set(bundle["targets"])
+
+
+def test_the_scale_out_example_runs_two_instances_with_their_own_ids() -> None:
+    example: dict[str, Any] = yaml.safe_load(
+        (ROOT / "examples" / "scale-out" / "databricks.yml").read_text()
+    )
+    jobs = example["resources"]["jobs"]
+    ids = []
+    for spec in jobs.values():
+        (task,) = spec["tasks"]
+        parameters = [
+            p.replace("${workspace.file_path}", str(ROOT))
+            for p in task["python_wheel_task"]["parameters"]
+        ]
+        args = cli.parser().parse_args(parameters)
+        assert args.command == "run" and spec["max_concurrent_runs"] == 1
+        overrides = dict(item.split("=", 1) for item in args.set)
+        env = spec["job_clusters"][0]["new_cluster"]["spark_env_vars"]
+        config = load_config(args.config, overrides, environ={n: f"<{n}>" for n in env})
+        assert config.cluster.enabled
+        ids.append(config.cluster.instance())
+    assert len(ids) == 2 and len(set(ids)) == 2
