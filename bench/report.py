@@ -36,6 +36,7 @@ from bench import (  # noqa: E402
     fanout,
     latency,
     many,
+    membership,
     recent,
     registration,
     results,
@@ -54,6 +55,7 @@ SECTIONS = (
     (f"{auto_cdc.TITLE} scd1 vs a plain target", auto_cdc),
     (f"{auto_cdc.TITLE} scd2", auto_cdc),
     (vectors.TITLE, vectors),
+    (membership.TITLE, membership),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""
 
@@ -90,6 +92,10 @@ TARGETS = {
     ("vector index", "digits recall@10, default"): "≥ 0.95",
     ("vector index", "recall@10 after 30 % updated, 10 % deleted"): "≥ 0.95",
     ("vector index", "search p50, warm"): "≤ 50 ms at 100,000 x 128; ≤ 150 ms at 1M",
+    **{
+        ("membership", f"largest share over fair, 100 instances, {slots} slots"): "≤ 1.1"
+        for slots in (256, 1024, 4096)
+    },
 }
 """Targets the project set itself, shown beside the figures they apply to."""
 

@@ -29,6 +29,7 @@ from bench import (  # noqa: E402
     fanout,
     latency,
     many,
+    membership,
     recent,
     registration,
     results,
@@ -57,6 +58,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "auto_cdc_plain": {"keys": 2000, "batch": 200, "commits": 2},
         "auto_cdc_scd2": {"keys": 2000, "batch": 200, "commits": 2},
         "vectors": {"rows": 3000, "dim": 16, "queries": 20, "tail": 300},
+        "membership": {"tables": 5000},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -73,6 +75,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "auto_cdc_plain": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
         "vectors": {"rows": 100_000, "dim": 128, "queries": 200, "tail": 10_000},
+        "membership": {"tables": 100_000},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -89,6 +92,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "auto_cdc_plain": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
         "vectors": {"rows": 1_000_000, "dim": 128, "queries": 200, "tail": 10_000},
+        "membership": {"tables": 100_000},
     },
 }
 
@@ -107,6 +111,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "auto_cdc_plain": functools.partial(auto_cdc.run, diy_change_feed=0),
     "auto_cdc_scd2": functools.partial(auto_cdc.run, scd=2),
     "vectors": vectors.run,
+    "membership": membership.run,
 }
 
 

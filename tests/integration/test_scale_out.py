@@ -33,6 +33,7 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.errors import BrokerError
 from lakeprop.membership.members import Member, members
+from lakeprop.membership.slots import slot_of
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, cli_settings, history, latest_version, watches
 from tests.integration.test_cluster import SMALL_DATA
@@ -277,7 +278,7 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
     runs = (
         history(spark, app_config)
         .where("outcome = 'success'")
-        .select("table", "kind", "from_version", "to_version", "owner", "ended_at")
+        .select("database", "table", "kind", "from_version", "to_version", "owner", "ended_at")
         .collect()
     )
     assert_no_range_twice(runs, fleet.names)
@@ -331,21 +332,23 @@ def assert_nothing_stale_landed(
 ) -> None:
     """Nothing the paused instance recorded after it woke up was under the epochs it
     held before the pause: those were fenced when the others took its slots."""
-    stale_owners = {
-        r["owner"]
+
+    def held(row: Row) -> tuple[int, str]:  # epochs are per slot
+        return slot_of(row["database"], row["table"], SLOTS), row["owner"]
+
+    stale = {
+        held(r)
         for r in runs
         if r["owner"].startswith("i1@") and r["ended_at"].timestamp() < stopped_at
     }
     path = config.state.table_path("iterations")
     at_resume = spark.read.format("delta").option("versionAsOf", version).load(path)
-    late = (
-        spark.read.format("delta")
-        .load(path)
-        .where(F.col("owner").isin(*stale_owners))
-        .exceptAll(at_resume)
-        .collect()
-    )
-    assert stale_owners and not late, late
+    late = [
+        r
+        for r in spark.read.format("delta").load(path).exceptAll(at_resume).collect()
+        if r["owner"] and held(r) in stale
+    ]
+    assert stale and not late, late
 
 
 def history_version(spark: SparkSession, config: AppConfig) -> int:
