@@ -1,11 +1,11 @@
 """Membership: how many tables move when an instance joins or leaves, and balance.
 
 The assignment is the model of Kafka's cooperative-sticky assignor in
-:mod:`lakeprop.membership.assignment` (balanced slot counts, every slot kept
-where that allows); ``tables`` tables named as users name them hash onto the
-slots with :func:`lakeprop.membership.slots.slot_of`. For each number of
+`lakeprop.membership.assignment` (balanced slot counts, every slot kept where
+that allows); `tables` tables named as users name them hash onto the slots with
+`lakeprop.membership.slots.slot_of`. For each number of
 instances and of slots: the share of the tables whose owner changes when one
-instance joins and when one leaves (against the ideal ``1/N``), and the most
+instance joins and when one leaves (against the ideal 1/N), and the most
 loaded instance's tables over a fair share. No Spark, no broker.
 """
 
