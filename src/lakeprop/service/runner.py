@@ -415,7 +415,6 @@ class Runner:
             log.warning("iterations of slot(s) %s did not end; handing over anyway", sorted(slots))
         self.record_results()
         self.catalog.flush()
-        fault_point("cluster.drained")
         self.ownership.drained(slots)
         log.info("drained slot(s) %s: %d job(s) handed over", sorted(slots), len(refs))
 
@@ -430,7 +429,6 @@ class Runner:
         ]
         for path in (self.history.path, self.catalog.path):
             shared_state.fence(self.spark, path, fenced)
-        fault_point("cluster.fenced")
 
         def ours(row: CatalogRow) -> bool:
             return ownership.slot(row.database, row.table) in slots
