@@ -86,6 +86,10 @@ log = logging.getLogger(__name__)
 
 SELECTION_JOB_GROUP = "lakeprop-trigger-selection"
 """Job group of the selection phase: it must never launch a Spark job."""
+DRAIN_WAIT = 60.0
+"""Seconds a slot being given up waits for its cancelled iterations to end (the
+rebalance waits for the drain; Kafka drops a member that keeps it past
+``max.poll.interval.ms``, 300 s)."""
 UNRECORDED_PER_SLOT = 10_000
 """Verdicts kept per slot served elsewhere (see :attr:`Runner.unrecorded`)."""
 
@@ -411,7 +415,7 @@ class Runner:
         """Stop the iterations of ``slots``, record what they did, write their rows."""
         refs = self._refs_in(slots)
         self.scheduler.cancel(refs, "its table moves to another instance")
-        if not self.scheduler.wait_ended(refs, self.engine.iteration_timeout):
+        if not self.scheduler.wait_ended(refs, min(self.engine.iteration_timeout, DRAIN_WAIT)):
             log.warning("iterations of slot(s) %s did not end; handing over anyway", sorted(slots))
         self.record_results()
         self.catalog.flush()
