@@ -218,9 +218,6 @@ class Seat:
         self._consumer: Any = None
         self._meter: Any = None
         self._producer: Any = None
-        self.rebalances = 0
-        """Assignments and revocations seen (tests wait on it)."""
-        self.changed = threading.Condition()
 
     # -- what the engine asks ---------------------------------------------------------
 
@@ -271,17 +268,6 @@ class Seat:
                 )
                 self._suspect = True
             self._last_tick = now
-
-    def wait_for(self, predicate: Callable[[Seat], bool], timeout: float) -> bool:
-        """Wait until ``predicate(self)`` holds after a rebalance or confirmation."""
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while not predicate(self):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.changed.wait(min(left, self.cluster.heartbeat_interval))
-        return True
 
     def end_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         """The next offset of each partition of ``topic`` (for the lag this instance
@@ -387,7 +373,6 @@ class Seat:
         with self._lock:
             self._claims.update({c.slot: c for c in claims})
         log.info("%s holds slot(s) %s", self.instance, [c.slot for c in claims])
-        self._changed()
 
     def _revoked(self, _consumer: Any, partitions: Iterable[Any]) -> None:
         slots = frozenset(p.partition for p in partitions)
@@ -410,7 +395,6 @@ class Seat:
                     self._claims.pop(slot, None)
                 self._draining -= slots
                 self._adopted -= slots
-            self._changed()
 
     def _lost(self, _consumer: Any, partitions: Iterable[Any]) -> None:
         slots = frozenset(p.partition for p in partitions)
@@ -423,10 +407,7 @@ class Seat:
             self._adopted -= slots
             self._draining -= slots
             self.writer = _new_writer()  # whatever the old one wrote late is fenced
-        try:
-            self.on_lost(slots)
-        finally:
-            self._changed()
+        self.on_lost(slots)
 
     def _drop(self, notify: Callable[[frozenset[int]], None]) -> None:
         with self._lock:
@@ -437,14 +418,6 @@ class Seat:
             self._suspect = True
         if slots:
             notify(slots)
-        self._changed()
-
-    def _changed(self) -> None:
-        self.rebalances += 1
-        with self.changed:
-            self.changed.notify_all()
-
-    # -- epochs and confirmation --------------------------------------------------------
 
     def _claim(self, slots: list[int]) -> list[Claim]:
         """Append a claim record to each slot's partition; its offset is the epoch."""
@@ -515,8 +488,6 @@ class Seat:
         with self._lock:
             self._suspect = False
         log.info("membership of %s confirmed", self.instance)
-        with self.changed:
-            self.changed.notify_all()
         return True
 
     def _publish(self) -> None:
