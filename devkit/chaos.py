@@ -45,6 +45,7 @@ Run it as ``scripts/chaos.sh`` (see ``--help``) or through ``pytest -m chaos``.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
 import logging
 import os
@@ -137,6 +138,8 @@ class Report:
     differences: list[str] = field(default_factory=list)
     paths: dict[str, int] = field(default_factory=dict)
     """Iterations recorded per path (``spark``, ``native``)."""
+    recoveries: dict[str, float] = field(default_factory=dict)
+    """Seconds from each in-process raise to the next message's verdict."""
 
     def fired(self, point: str) -> None:
         self.points_fired[point] = self.points_fired.get(point, 0) + 1
@@ -148,6 +151,8 @@ class Report:
             f"fault points not reached: {self.points_missed}\n"
             f"change log messages: {self.messages}, source commits: {self.commits}\n"
             f"iterations per path: {dict(sorted(self.paths.items()))}\n"
+            f"seconds to recover from each raise: "
+            f"{ {p: round(s, 1) for p, s in self.recoveries.items()} }\n"
             f"differences found: {len(self.differences)}"
             + "".join(f"\n  - {d}" for d in self.differences)
         )
@@ -666,7 +671,7 @@ gc_retention = "4s"
                     self.report.fired(point)
                     self.report.raises += 1
                     faults.disarm()
-                    self.recovered(service)
+                    self.recovered(service, point)
                 else:
                     self.report.points_missed.append(
                         f"{point} (raise): not reached within {self.settings.fire_timeout:.0f}s "
@@ -679,19 +684,27 @@ gc_retention = "4s"
         if service.error is not None:
             self.report.differences.append(f"the in-process service failed: {service.error!r}")
 
-    def recovered(self, service: InProcessService) -> None:
+    def recovered(self, service: InProcessService, point: str) -> None:
         """After the raise, the service applies the change log again: a new message's verdict."""
+        started = time.monotonic()
         self.update_some_job()
         receipt = self.receipts[-1]
-        deadline = time.monotonic() + self.settings.recover_timeout
+        deadline = started + self.settings.recover_timeout
         requests = TableWatch(self.spark, self.state.table_path(state.REQUESTS_TABLE))
         while time.monotonic() < deadline and service.alive:
             if requests.changed() and self.client.request_outcome(receipt.request_id) is not None:
+                self.report.recoveries[point] = time.monotonic() - started
                 return
             self.paced_step()
+        stacks = self.workdir / "stuck-threads.txt"
+        with stacks.open("w") as out:  # where every thread was when it gave up
+            faulthandler.dump_traceback(out, all_threads=True)
+        queries = [(q.name, q.status, q.lastProgress) for q in self.spark.streams.active]
+        log.error("stuck after the fault; queries: %s; threads:\n%s", queries, stacks.read_text())
         self.report.differences.append(
             f"the service did not apply the change log within {self.settings.recover_timeout:.0f}s "
-            f"after the fault (alive: {service.alive}, error: {service.error!r})"
+            f"after the fault (alive: {service.alive}, error: {service.error!r}, "
+            f"queries: {queries}, threads: {stacks})"
         )
 
     def catch_up(self, config: Path) -> None:

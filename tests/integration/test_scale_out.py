@@ -14,9 +14,11 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,7 +77,9 @@ class Instance:
             "tables.warehouse": self.config.tables.warehouse,
             "state.location": self.config.state.location,
             "state.checkpoint_location": self.config.state.checkpoint_location,
-            "metrics.enabled": "false",
+            "metrics.enabled": "true",
+            "metrics.host": '"127.0.0.1"',
+            "metrics.port": "0",
             "engine.workers": "2",
             "engine.retry_base": '"1s"',
             "cluster.enabled": "true",
@@ -107,6 +111,18 @@ class Instance:
                 start_new_session=True,
             )
         return self
+
+    def scrape(self) -> dict[str, float]:
+        """This instance's cluster metrics, from its own endpoint (the latest start's)."""
+        ports = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log.read_text())
+        assert ports, f"{self.name} serves no metrics yet"
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return {
+            name: float(value)
+            for name, value in (line.rsplit(" ", 1) for line in text.splitlines())
+            if name.startswith("lakeprop_cluster_")
+        }
 
     def _group(self) -> int:
         """The process group of spark-submit (the JVM and the Python driver)."""
@@ -273,6 +289,7 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
         fleet.members({"i0", "i1", "i2"})
         versions = fleet.commit_everywhere()
         fleet.reached(versions)
+        assert_metrics_show_the_share(running)
 
     fleet.assert_replicas_equal_their_sources()
     runs = (
@@ -313,6 +330,26 @@ def assert_members_command_lists(
         for name in member.tables:
             line = next(x for x in table.splitlines() if f"{name}/copy" in x)
             assert f" {instance}@" in line, (instance, line)
+
+
+def assert_metrics_show_the_share(running: dict[str, Instance]) -> None:
+    """Each instance's endpoint names it; between them they serve every slot once,
+    one leads, none fences itself, and the one that served alone took slots over."""
+
+    def check() -> dict[str, dict[str, float]]:
+        scraped = {name: instance.scrape() for name, instance in running.items()}
+        served = [m['lakeprop_cluster_slots{state="served"}'] for m in scraped.values()]
+        assert all(served) and sum(served) == SLOTS, scraped
+        assert sum(m["lakeprop_cluster_leader"] for m in scraped.values()) == 1, scraped
+        return scraped
+
+    scraped = assert_eventually(check, timeout=120, interval=0.5)
+    for name, metrics in scraped.items():
+        assert metrics[f'lakeprop_cluster_member{{member="{name}"}}'] == 1
+        assert metrics["lakeprop_cluster_self_fenced"] == 0
+    i2 = scraped["i2"]
+    assert i2['lakeprop_cluster_slot_handovers_total{direction="gained"}'] > 4, i2
+    assert i2['lakeprop_cluster_slot_handovers_total{direction="revoked"}'] >= 1, i2
 
 
 def assert_no_range_twice(runs: list[Row], names: list[str]) -> None:

@@ -11,14 +11,17 @@ import pytest
 from bench import report, results
 from devkit import reference
 from lakeprop.config import AppConfig
+from lakeprop.engine.ownership import SlotOwner
 from lakeprop.errors import DESCRIPTIONS, ErrorCode
 from lakeprop.service.metrics import (
     METRICS,
     AccountGauges,
+    ClusterGauges,
     JobGauges,
     QueryProgress,
     ServiceMetrics,
 )
+from tests.unit.test_membership import Clock, _seat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,6 +56,7 @@ def test_the_metrics_exported_are_the_metrics_defined() -> None:
     QueryProgress(metrics.registry, "q")
     metrics.registry.register(AccountGauges(dict))
     metrics.registry.register(JobGauges(dict, lambda table: None, lambda table, version: None))
+    metrics.registry.register(ClusterGauges(SlotOwner(_seat(Clock())), list))
     exported = {family.name for family in metrics.registry.collect()}
     assert exported == {m.name for m in METRICS}
 

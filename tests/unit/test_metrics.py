@@ -16,11 +16,15 @@ from lakeprop.engine.model import (
     MemberResult,
     TableRef,
 )
+from lakeprop.engine.ownership import Handover, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
-from lakeprop.service.metrics import AccountGauges, JobGauges, ServiceMetrics
+from lakeprop.membership.group import Claim
+from lakeprop.membership.slots import slot_of
+from lakeprop.service.metrics import AccountGauges, ClusterGauges, JobGauges, ServiceMetrics
 from lakeprop.service.observer import BatchTimings, TickSummary
 from lakeprop.state.outcomes import Outcome, Verdict
 from lakeprop.state.status import JobState
+from tests.unit.test_membership import Clock, _seat
 from tests.unit.test_watermarks import REF, ROW
 
 TABLE = TableRef(1, "db", "t")
@@ -138,3 +142,39 @@ def test_account_gauges_show_the_schedulers_share_and_backpressure() -> None:
     assert sample(registry, "lakeprop_account_paused_since_seconds", **one) == 1700.5
     assert sample(registry, "lakeprop_account_paused_since_seconds", **two) == 0
     assert sample(registry, "lakeprop_account_rows_in_flight", **two) == 30
+
+
+def test_cluster_gauges_show_this_instances_slots_tables_fence_and_handovers() -> None:
+    clock = Clock()
+    seat = _seat(clock)  # assigned slots 3 and 5 of 8
+    seat.instance = "node-a"
+    owner = SlotOwner(seat)
+    owner.adopt({3})  # slot 5 is still being taken over
+    names = (f"t{i}" for i in range(1000))
+    on_3 = [t for t in names if slot_of("db", t, 8) == 3][:2]
+    on_5 = next(t for t in (f"u{i}" for i in range(1000)) if slot_of("db", t, 8) == 5)
+    rows = [
+        replace(ROW, table=on_3[0]),
+        replace(ROW, table=on_3[0], job_name="k", job_id=8),
+        replace(ROW, table=on_3[1], job_name="m", job_id=9),
+        replace(ROW, table=on_3[1], job_name="d", job_id=10, drop_at=datetime(2026, 1, 2)),
+        replace(ROW, table=on_5, job_name="n", job_id=11),
+    ]
+    metrics = ServiceMetrics()
+    r = metrics.registry
+    r.register(ClusterGauges(owner, lambda: rows))
+    assert sample(r, "lakeprop_cluster_member", member="node-a") == 1
+    assert sample(r, "lakeprop_cluster_slots", state="assigned") == 2
+    assert sample(r, "lakeprop_cluster_slots", state="served") == 1
+    assert sample(r, "lakeprop_cluster_tables_served") == 2
+    assert sample(r, "lakeprop_cluster_jobs_served") == 3  # the dropped job is not live
+    assert sample(r, "lakeprop_cluster_self_fenced") == 0
+    assert sample(r, "lakeprop_cluster_leader") == 0  # slot 0 is elsewhere
+    clock.now += 10  # a pause past the session timeout: it serves nothing until vouched for
+    assert sample(r, "lakeprop_cluster_self_fenced") == 1
+    assert sample(r, "lakeprop_cluster_slots", state="served") == 0
+    metrics.handover(Handover(frozenset({1}), {5: Claim(5, 9), 6: Claim(6, 2)}, frozenset()))
+    metrics.handover(Handover(lost=frozenset({3})))
+    assert sample(r, "lakeprop_cluster_slot_handovers_total", direction="gained") == 2
+    assert sample(r, "lakeprop_cluster_slot_handovers_total", direction="revoked") == 1
+    assert sample(r, "lakeprop_cluster_slot_handovers_total", direction="lost") == 1

@@ -77,6 +77,10 @@ class SoleOwner:
         """Whether this instance does the cluster-wide chores (usage, accounts)."""
         return True
 
+    def served(self) -> frozenset[int]:
+        """The slots whose tables this instance serves now."""
+        return frozenset({0})
+
     def explain(self, database: str, table: str) -> str:
         return "one instance"
 
@@ -147,6 +151,11 @@ class SlotOwner(SoleOwner):
 
     def leads(self) -> bool:
         return self.seat.holds(0)
+
+    def served(self) -> frozenset[int]:
+        with self._lock:
+            adopted = set(self._served)
+        return frozenset(s for s in adopted if self.seat.holds(s))
 
     def explain(self, database: str, table: str) -> str:
         """Why this instance may or may not write for the table now (for logs)."""

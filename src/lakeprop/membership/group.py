@@ -249,6 +249,12 @@ class Seat:
         with self._lock:
             self._adopted.update(s for s in slots if s in self._claims)
 
+    @property
+    def vouched(self) -> bool:
+        """False while the seat fences itself after a pause, until the coordinator
+        vouches for it again."""
+        return self._live()
+
     def _live(self) -> bool:
         """Not suspect, and not paused: whichever thread runs first after a pause sees
         the gap in the clock thread's ticks, before the clock thread itself does."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -30,6 +30,7 @@ from lakeprop.service.notices import NoticeListener
 from lakeprop.service.observer import Unobserved
 from lakeprop.service.runner import Runner, RunnerParts
 from lakeprop.service.stream import ChangelogOffsets, start_query
+from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import CatalogRow, JobCatalog, RowScope, SharedWrites
 from lakeprop.state.history import IterationHistory, rolled_forward
@@ -165,8 +166,10 @@ class PropagationApp:
         )
         if self.metrics is not None:
             selection = self.runner.selection
-            self.metrics.watch_jobs(self.catalog.by_id, selection.latest.get, selection.commit_time)
+            self.metrics.watch_jobs(self._served_rows, selection.latest.get, selection.commit_time)
             self.metrics.watch_accounts(self.scheduler.accounts)
+            if isinstance(self.ownership, SlotOwner):
+                self.metrics.watch_cluster(self.ownership, self.catalog.rows)
 
     def _metrics(self) -> Metrics | None:
         """The Prometheus metrics, when configured (the package is imported only then)."""
@@ -175,6 +178,15 @@ class PropagationApp:
         from lakeprop.service.metrics import Metrics
 
         return Metrics(self.spark, self.config.metrics, self.config.query_name)
+
+    def _served_rows(self) -> Mapping[JobRef, CatalogRow]:
+        """The jobs whose metrics this instance exports: those of the tables it serves
+        (every job with one instance; the others' owners export theirs)."""
+        rows = self.catalog.by_id()
+        if not self.ownership.clustered:
+            return rows
+        serves = self.ownership.serves
+        return {ref: row for ref, row in rows.items() if serves(row.database, row.table)}
 
     def _scope(self, row: CatalogRow) -> RowScope:
         """Whether this instance writes ``row`` now (``cluster.enabled``)."""

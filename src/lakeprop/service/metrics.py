@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from lakeprop.config import MetricsConfig
 from lakeprop.engine.model import IterationResult, TableRef
+from lakeprop.engine.ownership import Handover, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.service.observer import BatchTimings, TickSummary
 from lakeprop.service.runner import SELECTION_JOB_GROUP
@@ -166,6 +167,40 @@ METRICS: tuple[MetricDef, ...] = (
         "latestOffset, queryPlanning, addBatch (the foreachBatch), walCommit, ...",
         ("phase",),
     ),
+    # several instances (``cluster.enabled``); each instance serves its own endpoint
+    MetricDef(
+        "lakeprop_cluster_member",
+        "gauge",
+        "1, labelled with this instance's id in the group",
+        ("member",),
+    ),
+    MetricDef(
+        "lakeprop_cluster_slots",
+        "gauge",
+        "Ownership slots the group assigned to this instance (assigned), and those whose "
+        "tables it serves now (served)",
+        ("state",),
+    ),
+    MetricDef("lakeprop_cluster_tables_served", "gauge", "Source tables this instance serves"),
+    MetricDef("lakeprop_cluster_jobs_served", "gauge", "Live jobs of the tables it serves"),
+    MetricDef(
+        "lakeprop_cluster_self_fenced",
+        "gauge",
+        "1 while the instance fences itself after a pause, until the coordinator vouches "
+        "for it again",
+    ),
+    MetricDef(
+        "lakeprop_cluster_leader",
+        "gauge",
+        "1 when it holds slot 0 and does the cluster-wide chores (usage, accounts)",
+    ),
+    MetricDef(
+        "lakeprop_cluster_slot_handovers",
+        "counter",
+        "Slots this instance took over (gained), drained and gave up (revoked), or lost "
+        "without a drain (lost)",
+        ("direction",),
+    ),
 )
 """Every metric the service exports."""
 
@@ -190,6 +225,12 @@ def _histogram(name: str, registry: CollectorRegistry) -> Histogram:
 def _family(name: str) -> GaugeMetricFamily:
     d = _DEFS[name]
     return GaugeMetricFamily(d.name, d.help, labels=d.labels)
+
+
+def _value(name: str, value: float) -> GaugeMetricFamily:
+    """A gauge without labels, at ``value``."""
+    d = _DEFS[name]
+    return GaugeMetricFamily(d.name, d.help, value=value)
 
 
 class ServiceMetrics:
@@ -223,6 +264,8 @@ class ServiceMetrics:
         # the change log
         self.verdicts_total = _counter("lakeprop_verdicts", registry)
         self.rejects = _counter("lakeprop_rejects", registry)
+        # several instances
+        self.handovers = _counter("lakeprop_cluster_slot_handovers", registry)
         self._selection_jobs = selection_jobs
         """Spark jobs of the selection's job group so far (Spark's status tracker)."""
         self._selection_jobs_seen = selection_jobs()
@@ -261,6 +304,40 @@ class ServiceMetrics:
             self.verdicts_total.labels(verdict.outcome.value).inc()
             if verdict.outcome is Outcome.REJECTED:
                 self.rejects.labels(str(verdict.error_code)).inc()
+
+    def handover(self, handover: Handover) -> None:
+        for direction, slots in (
+            ("gained", len(handover.gained)),
+            ("revoked", len(handover.revoking)),
+            ("lost", len(handover.lost)),
+        ):
+            if slots:
+                self.handovers.labels(direction).inc(slots)
+
+
+class ClusterGauges(Collector):
+    """This instance's place in the group, at scrape time: its slots, the tables and
+    jobs it serves, whether it fences itself, whether it leads."""
+
+    def __init__(self, owner: SlotOwner, rows: Callable[[], Iterable[CatalogRow]]) -> None:
+        self._owner = owner
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        owner, seat = self._owner, self._owner.seat
+        served = owner.served()
+        slots = _family("lakeprop_cluster_slots")
+        slots.add_metric(["assigned"], len(seat.assigned()))
+        slots.add_metric(["served"], len(served))
+        live = [r for r in self._rows() if r.is_live and owner.slot(r.database, r.table) in served]
+        member = _family("lakeprop_cluster_member")
+        member.add_metric([owner.instance or ""], 1)
+        yield member
+        yield slots
+        yield _value("lakeprop_cluster_tables_served", len({(r.database, r.table) for r in live}))
+        yield _value("lakeprop_cluster_jobs_served", len(live))
+        yield _value("lakeprop_cluster_self_fenced", 0 if seat.vouched else 1)
+        yield _value("lakeprop_cluster_leader", 1 if owner.leads() else 0)
 
 
 class AccountGauges(Collector):
@@ -423,6 +500,9 @@ class Metrics:
         commit_time: Callable[[TableRef, int], float | None],
     ) -> None:
         self.registry.register(JobGauges(rows, latest, commit_time))
+
+    def watch_cluster(self, owner: SlotOwner, rows: Callable[[], Iterable[CatalogRow]]) -> None:
+        self.registry.register(ClusterGauges(owner, rows))
 
     def start(self) -> None:
         self.server.start()

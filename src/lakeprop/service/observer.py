@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lakeprop.engine.model import IterationResult
+from lakeprop.engine.ownership import Handover
 from lakeprop.state.outcomes import Outcome, Verdict
 
 
@@ -71,6 +72,8 @@ class RunnerObserver(Protocol):
 
     def verdicts(self, verdicts: Sequence[Verdict]) -> None: ...
 
+    def handover(self, handover: Handover) -> None: ...
+
 
 class Unobserved:
     """The observer when nobody watches."""
@@ -82,4 +85,7 @@ class Unobserved:
         pass
 
     def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+        pass
+
+    def handover(self, handover: Handover) -> None:
         pass

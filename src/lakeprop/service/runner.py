@@ -402,6 +402,7 @@ class Runner:
             self._drain(pending.revoking)
         if pending.gained:
             self._take_over(pending.gained)
+        self.observer.handover(pending)
 
     def _refs_in(self, slots: frozenset[int] | set[int]) -> set[JobRef]:
         slot = self.ownership.slot
