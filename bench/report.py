@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
 from bench import (  # noqa: E402
     auto_cdc,
     catchup,
+    failover,
     fairness,
     fanout,
     latency,
@@ -56,6 +57,7 @@ SECTIONS = (
     (f"{auto_cdc.TITLE} scd2", auto_cdc),
     (vectors.TITLE, vectors),
     (membership.TITLE, membership),
+    (failover.TITLE, failover),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""
 
@@ -96,6 +98,7 @@ TARGETS = {
         ("membership", f"largest share over fair, 100 instances, {slots} slots"): "≤ 1.1"
         for slots in (256, 1024, 4096)
     },
+    ("failover", "kill to first iteration of a moved table, max"): "≤ session timeout + a tick",
 }
 """Targets the project set itself, shown beside the figures they apply to."""
 

@@ -25,6 +25,7 @@ import functools  # noqa: E402
 from bench import (  # noqa: E402
     auto_cdc,
     catchup,
+    failover,
     fairness,
     fanout,
     latency,
@@ -59,6 +60,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "auto_cdc_scd2": {"keys": 2000, "batch": 200, "commits": 2},
         "vectors": {"rows": 3000, "dim": 16, "queries": 20, "tail": 300},
         "membership": {"tables": 5000},
+        "failover": {"tables": 3, "kills": 1},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -76,6 +78,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 5},
         "vectors": {"rows": 100_000, "dim": 128, "queries": 200, "tail": 10_000},
         "membership": {"tables": 100_000},
+        "failover": {"tables": 12, "kills": 10},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -93,6 +96,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "auto_cdc_scd2": {"keys": 1_000_000, "batch": 10_000, "commits": 10},
         "vectors": {"rows": 1_000_000, "dim": 128, "queries": 200, "tail": 10_000},
         "membership": {"tables": 100_000},
+        "failover": {"tables": 12, "kills": 10},
     },
 }
 
@@ -112,6 +116,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "auto_cdc_scd2": functools.partial(auto_cdc.run, scd=2),
     "vectors": vectors.run,
     "membership": membership.run,
+    "failover": failover.run,
 }
 
 

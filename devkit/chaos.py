@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import functools
+import itertools
 import logging
 import os
 import random
@@ -55,7 +56,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,6 +122,15 @@ class ChaosSettings:
     step this often (back to back they would starve the service of its cores)."""
     max_extra_jobs: int = 4
     """Live jobs besides the four base jobs: a register beyond this drops one first."""
+    instances: int = 0
+    """0: one service, crashed at the fault points. More: the cluster mode, that many
+    instances sharing the tables, killed and paused at random (:meth:`Chaos.run_cluster`)."""
+    cluster_events: int = 4
+    """Kills and pauses in the cluster mode, alternating from a random first one."""
+    session_timeout: float = 6.0
+    """The membership session timeout of the cluster mode's instances."""
+    pause_beyond: tuple[float, float] = (1.0, 6.0)
+    """A paused instance stays stopped this many seconds past its session timeout."""
 
     def mode(self, point: str | None) -> Mode:
         return "kill" if point is None or self.kill_everywhere or point in KILL_POINTS else "raise"
@@ -131,6 +141,8 @@ class Report:
     cycles: int = 0
     kills: int = 0
     raises: int = 0
+    pauses: int = 0
+    """Instances stopped past their session timeout and resumed (the cluster mode)."""
     points_fired: dict[str, int] = field(default_factory=dict)
     points_missed: list[str] = field(default_factory=list)
     messages: int = 0
@@ -138,6 +150,8 @@ class Report:
     differences: list[str] = field(default_factory=list)
     paths: dict[str, int] = field(default_factory=dict)
     """Iterations recorded per path (``spark``, ``native``)."""
+    owners: set[str] = field(default_factory=set)
+    """Instances that recorded iterations (the cluster mode)."""
     recoveries: dict[str, float] = field(default_factory=dict)
     """Seconds from each in-process raise to the next message's verdict."""
 
@@ -146,7 +160,8 @@ class Report:
 
     def summary(self) -> str:
         return (
-            f"cycles run: {self.cycles} ({self.kills} killed, {self.raises} raised in-process)\n"
+            f"cycles run: {self.cycles} ({self.kills} killed, {self.raises} raised in-process, "
+            f"{self.pauses} paused)\n"
             f"fault points fired: {dict(sorted(self.points_fired.items()))}\n"
             f"fault points not reached: {self.points_missed}\n"
             f"change log messages: {self.messages}, source commits: {self.commits}\n"
@@ -253,11 +268,24 @@ class Chaos:
         self.snapshots = 0
         self.bulks: list[str] = []
         self._next_step = 0.0
+        self.logs: dict[int, Path] = {}
+        """The log file of each service process, by pid."""
 
     # -- set-up ---------------------------------------------------------------------------
 
     def write_config(self) -> Path:
         path = self.workdir / "chaos.toml"
+        cluster = (
+            f"""[cluster]
+enabled = true
+slots = 8
+session_timeout = "{self.settings.session_timeout:g}s"
+heartbeat_interval = "1s"
+"""
+            if self.settings.instances
+            else ""
+        )
+        master = "local[1]" if self.settings.instances else "local[2]"
         path.write_text(
             f"""tick_interval = "1s"
 [kafka]
@@ -280,7 +308,7 @@ iteration_timeout = "120s"
 watermark_flush_interval = "4s"
 gc_interval = "4s"
 gc_retention = "4s"
-{spark_toml("lakeprop-chaos")}"""
+{cluster}{spark_toml("lakeprop-chaos", master)}"""
         )
         return path
 
@@ -300,36 +328,51 @@ gc_retention = "4s"
     def gate(self, cycle: int) -> Path:
         return self.workdir / f"cycle-{cycle:03d}.go"
 
-    def start_process(self, config: Path, cycle: int, fault: str | None) -> subprocess.Popen[bytes]:
+    def start_process(
+        self, config: Path, cycle: int, fault: str | None, instance: str | None = None
+    ) -> subprocess.Popen[bytes]:
         """The service of kill cycle ``cycle``: it builds its session, then waits for
-        :meth:`gate` (the previous cycle's service must be dead first)."""
+        :meth:`gate` (the previous cycle's service must be dead first). An
+        ``instance`` of the cluster mode starts at once, under that id."""
         env = {
             **os.environ,
             faults.ENV: f"{fault}=kill" if fault else "",
             faults.RECORD_ENV: str(self.workdir / f"cycle-{cycle:03d}.fired"),
-            faults.GATE_ENV: str(self.gate(cycle)),
+            faults.GATE_ENV: "" if instance else str(self.gate(cycle)),
         }
-        logfile = open(self.workdir / f"cycle-{cycle:03d}.log", "wb")  # noqa: SIM115
-        return subprocess.Popen(
-            [str(ROOT / "spark-submit.sh"), "--config", str(config)],
+        named = ["--set", f'cluster.instance_id="{instance}"'] if instance else []
+        path = self.workdir / f"cycle-{cycle:03d}.log"
+        logfile = open(path, "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [str(ROOT / "spark-submit.sh"), "--config", str(config), *named],
             cwd=ROOT,
             env=env,
             stdout=logfile,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # one process group: the script, the JVM, the driver
         )
+        self.logs[proc.pid] = path
+        return proc
 
     @staticmethod
-    def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-        """SIGKILL the script, and spark-submit with the driver (a session of their own)."""
+    def groups(proc: subprocess.Popen[bytes]) -> list[int]:
+        """The process groups of the script, and of spark-submit with the driver (a
+        session of their own)."""
         children = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
+        found = []
         for pid in [int(c) for c in children]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+                found.append(os.getpgid(pid))
+        return [*dict.fromkeys(found), proc.pid]
+
+    @classmethod
+    def kill_tree(cls, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the script, and spark-submit with the driver."""
+        for group in cls.groups(proc):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
         proc.wait()
 
     def fired(self, cycle: int) -> str | None:
@@ -393,16 +436,10 @@ gc_retention = "4s"
         rng = self.rng
         # the base jobs stay, on the default trigger: they keep sharing iterations
         live = self.extra_jobs()
-        action = rng.choice(
-            ["register", "register", "update", "update", "unregister", "pause", "resync", "bulk"]
-        )
+        action = self.job_action(live)
         if action == "bulk":
             self.bulk_resync()
             return
-        if action in ("pause", "resync") and not live:
-            action = "register"
-        if action == "register" and len(live) >= self.settings.max_extra_jobs:
-            action = "unregister"
         if action == "update" and (not live or rng.random() < 0.3):
             key = rng.choice(sorted(self.specs, key=str))
             update: dict[str, Any] = {"iteration": {"priority": rng.randint(0, 9)}}
@@ -436,6 +473,18 @@ gc_retention = "4s"
             consumer["generation"] = consumer.get("generation", 0) + 1
         else:
             self.unregister(rng.choice(live))
+
+    def job_action(self, live: list[JobKey]) -> str:
+        action = self.rng.choice(
+            ["register", "register", "update", "update", "unregister", "pause", "resync", "bulk"]
+        )
+        if action == "bulk" and self.settings.instances:
+            action = "resync"  # several instances refuse bulk commands
+        if action in ("pause", "resync") and not live:
+            action = "register"
+        if action == "register" and len(live) >= self.settings.max_extra_jobs:
+            action = "unregister"
+        return action
 
     def extra_jobs(self) -> list[JobKey]:
         """The live jobs the workload registered (the base jobs stay)."""
@@ -510,8 +559,15 @@ gc_retention = "4s"
     # -- the run --------------------------------------------------------------------------
 
     def run(self) -> Report:
+        if self.settings.instances:
+            return self.run_cluster()
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.write_config()
+        self.seed_jobs()
+        plan: list[str | None] = [*self.settings.points, *([None] * self.settings.random_kills)]
+        return self.run_plan(config, plan)
+
+    def seed_jobs(self) -> None:
         self.create_sources()
         # three default-trigger jobs per table: they share iterations from the start
         starters = {
@@ -525,7 +581,8 @@ gc_retention = "4s"
                 )
         # and one greedy replica, alone in its iterations: small tails on the native path
         self.register(JobKey(1, "chaos", "orders", "greedy_base"), "replica", {"kind": "greedy"})
-        plan: list[str | None] = [*self.settings.points, *([None] * self.settings.random_kills)]
+
+    def run_plan(self, config: Path, plan: list[str | None]) -> Report:
         self.rng.shuffle(plan)
         raised = [p for p in plan if p is not None and self.settings.mode(p) == "raise"]
         killed = [p for p in plan if self.settings.mode(p) == "kill"]
@@ -546,6 +603,98 @@ gc_retention = "4s"
         self.catch_up(config)
         self.check()
         return self.report
+
+    def run_cluster(self) -> Report:
+        """Several instances share the tables; random ones are killed (and restarted)
+        or paused past their session timeout (and resumed) while the workload runs.
+        At the end they are all killed, and one more instance takes every slot
+        over, fencing what they left, and catches up; then the checks run."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.write_config()
+        self.seed_jobs()
+        names = [f"c{i}" for i in range(self.settings.instances)]
+        started = itertools.count()
+        running = {name: self.start_process(config, next(started), None, name) for name in names}
+        events = ["kill", "pause"] * self.settings.cluster_events
+        events = events[self.rng.randrange(2) :][: self.settings.cluster_events]
+        try:
+            for name, proc in running.items():
+                if not self.wait_ready(self.ready_check(proc), self.exited(proc)):
+                    self.report.differences.append(f"instance {name} did not start")
+                    return self.report
+            progress = self.iterations_recorded()
+            for event in events:
+                # each event interrupts work in progress: some iteration ran since the last
+                if not self.progressed(progress):
+                    self.report.differences.append(
+                        f"cluster: no iteration recorded within {self.settings.fire_timeout:.0f}s "
+                        f"before the {event} (logs in {self.workdir})"
+                    )
+                    return self.report
+                progress = self.iterations_recorded()
+                until = time.monotonic() + self.rng.uniform(*self.settings.kill_after)
+                while time.monotonic() < until:
+                    self.paced_step()
+                victim = self.rng.choice(names)
+                log.info("cluster: %s %s", event, victim)
+                self.report.cycles += 1
+                if event == "kill":
+                    self.kill_tree(running[victim])
+                    self.report.kills += 1
+                    running[victim] = self.start_process(config, next(started), None, victim)
+                else:
+                    self.pause(running[victim])
+        finally:
+            for proc in running.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGCONT)
+                self.kill_tree(proc)
+        final = load_config(str(config))
+        self.catch_up(replace(final, cluster=replace(final.cluster, instance_id="final")))
+        self.check()
+        return self.report
+
+    def iterations_recorded(self) -> int:
+        return int(self._state(state.HISTORY_TABLE).count())
+
+    def progressed(self, since: int) -> bool:
+        """Whether the history records more iterations than ``since`` within
+        ``fire_timeout`` (the workload runs meanwhile)."""
+        history = TableWatch(self.spark, self.state.table_path(state.HISTORY_TABLE))
+        deadline = time.monotonic() + self.settings.fire_timeout
+        while time.monotonic() < deadline:
+            if history.changed() and self.iterations_recorded() > since:
+                return True
+            self.paced_step()
+        return False
+
+    @staticmethod
+    def exited(proc: subprocess.Popen[bytes]) -> Callable[[], bool]:
+        return lambda: proc.poll() is not None
+
+    def ready_check(self, proc: subprocess.Popen[bytes]) -> Callable[[], bool]:
+        logfile = self.logs[proc.pid]
+        return lambda: b"lakeprop.service.app: query" in logfile.read_bytes()
+
+    def pause(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGSTOP the instance's process tree past its session timeout, then SIGCONT."""
+        groups = self.groups(proc)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGSTOP)
+        until = (
+            time.monotonic()
+            + self.settings.session_timeout
+            + self.rng.uniform(*self.settings.pause_beyond)
+        )
+        try:
+            while time.monotonic() < until:
+                self.paced_step()
+        finally:
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGCONT)
+        self.report.pauses += 1
 
     def starter(
         self, config: Path, killed: list[str | None], cycle: int
@@ -707,8 +856,9 @@ gc_retention = "4s"
             f"queries: {queries}, threads: {stacks})"
         )
 
-    def catch_up(self, config: Path) -> None:
-        service = InProcessService(self.spark, load_config(str(config))).start()
+    def catch_up(self, config: Path | AppConfig) -> None:
+        loaded = config if isinstance(config, AppConfig) else load_config(str(config))
+        service = InProcessService(self.spark, loaded).start()
         self.report.cycles += 1
         # the state is read again only after a commit to the catalog, history or verdicts
         watches = [
@@ -792,6 +942,9 @@ gc_retention = "4s"
         self.fold_bulks()
         for r in self._state(state.HISTORY_TABLE).groupBy("path").count().collect():
             self.report.paths[r["path"]] = r["count"]
+        if self.settings.instances:
+            owners = self._state(state.HISTORY_TABLE).select("owner").distinct().collect()
+            self.report.owners = {r["owner"].split("@")[0] for r in owners}
         catalog = {
             JobKey(r["account_id"], r["database"], r["table"], r["job_name"]): r
             for r in self._state(state.CATALOG_TABLE).where("drop_at IS NULL").collect()

@@ -33,6 +33,16 @@ def main() -> int:
         help="crash every fault point by SIGKILL of a spark-submit process (by default only "
         "the points inside an iteration are; the others raise in-process)",
     )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=0,
+        help="the cluster mode: this many instances share the tables, and random ones are "
+        "killed and paused past their session timeout (no fault points are armed)",
+    )
+    parser.add_argument(
+        "--events", type=int, default=6, help="kills and pauses in the cluster mode, per round"
+    )
     parser.add_argument("--workdir", help="keep state and cycle logs here (default: a temp dir)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -42,6 +52,8 @@ def main() -> int:
         points=tuple(faults.POINTS) * args.rounds,
         random_kills=args.random_kills * args.rounds,
         kill_everywhere=args.kill_everywhere,
+        instances=args.instances,
+        cluster_events=args.events * args.rounds,
     )
     spark = local_session("lakeprop-chaos-checker")
     broker = LocalKafka(workdir / "kafka").start()

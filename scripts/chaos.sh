@@ -4,6 +4,7 @@
 #
 #   scripts/chaos.sh                         # one round: every fault point once + 2 random kills
 #   scripts/chaos.sh --rounds 30 --seed 7    # long mode: hundreds of cycles
+#   scripts/chaos.sh --instances 3 --events 20   # three instances, killed and paused at random
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -15,8 +15,12 @@ pytestmark = pytest.mark.integration
 
 VARIANTS = {"auto_cdc_plain"}
 """Benchmarks that are another one with a flag set: their code runs already."""
+BY_HAND = {"failover"}
+"""Benchmarks of several service processes: at any size they start three JVMs and
+wait out session timeouts (minutes), and the scale-out test runs the same
+launcher (``devkit.instances``); run them with ``python -m bench.run NAME --size smoke``."""
 
-RUNS = [(name, {}) for name in sorted(BENCHMARKS) if name not in VARIANTS] + [
+RUNS = [(name, {}) for name in sorted(BENCHMARKS) if name not in VARIANTS | BY_HAND] + [
     ("fanout", {"backlog": 1, "warmup": 1, "diy_first": 1})
 ]
 """Each benchmark at its smoke size, and the fan-out with its options on."""

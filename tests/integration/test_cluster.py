@@ -23,6 +23,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from devkit.instances import SMALL_DATA
 from devkit.spark import JARS, TEST_CONF
 from devkit.standalone import ROOT, StandaloneCluster
 from devkit.waiting import assert_eventually
@@ -33,16 +34,6 @@ from tests.integration.helpers import cdf_source, latest_version, wait_for_water
 from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
-
-
-SMALL_DATA = (
-    "spark.log.level",
-    "spark.sql.shuffle.partitions",
-    "spark.databricks.delta.snapshotPartitions",
-    "spark.sql.codegen.wholeStage",
-    "spark.sql.codegen.factoryMode",
-)
-"""The tests' settings for tables of a few rows, given as a user would: ``--conf``."""
 
 
 def submit(cluster: StandaloneCluster, config: AppConfig, state: Path) -> subprocess.Popen[bytes]:

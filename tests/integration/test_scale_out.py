@@ -13,12 +13,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
-import re
 import signal
-import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +23,7 @@ from chispa import assert_df_equality
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
-from devkit.spark import TEST_CONF
-from devkit.standalone import ROOT
+from devkit.instances import Instance, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
@@ -38,7 +33,6 @@ from lakeprop.membership.members import Member, members
 from lakeprop.membership.slots import slot_of
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, cli_settings, history, latest_version, watches
-from tests.integration.test_cluster import SMALL_DATA
 from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
@@ -58,120 +52,14 @@ def cluster_of(config: AppConfig) -> ClusterConfig:
     )
 
 
-class Instance:
-    """One ``spark-submit.sh`` process of the service."""
-
-    def __init__(self, name: str, config: AppConfig, state: Path) -> None:
-        self.name = name
-        self.config = config
-        self.state = state
-        self.log = state / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Instance:
-        settings = {
-            "kafka.topic": self.config.kafka.topic,
-            "kafka.create_topic": "true",
-            "tick_interval": '"1s"',
-            "tables.resolution": '"path"',
-            "tables.warehouse": self.config.tables.warehouse,
-            "state.location": self.config.state.location,
-            "state.checkpoint_location": self.config.state.checkpoint_location,
-            "metrics.enabled": "true",
-            "metrics.host": '"127.0.0.1"',
-            "metrics.port": "0",
-            "engine.workers": "2",
-            "engine.retry_base": '"1s"',
-            "cluster.enabled": "true",
-            "cluster.instance_id": self.name,
-            "cluster.topic": f"{self.config.kafka.topic}.members",
-            "cluster.slots": str(SLOTS),
-            "cluster.session_timeout": f'"{SESSION:g}s"',
-            "cluster.heartbeat_interval": '"1s"',
-        }
-        command = [
-            str(ROOT / "spark-submit.sh"),
-            *("--master", "local[1]", "--config", "conf/cluster.toml"),
-            *("--conf", "spark.ui.enabled=false"),
-            *[arg for k in SMALL_DATA for arg in ("--conf", f"{k}={TEST_CONF[k]}")],
-            *[arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")],
-        ]
-        env = {
-            **os.environ,
-            "LAKEPROP_KAFKA_BOOTSTRAP": self.config.kafka.bootstrap_servers,
-            "LAKEPROP_STATE": str(self.state),
-        }
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def scrape(self) -> dict[str, float]:
-        """This instance's cluster metrics, from its own endpoint (the latest start's)."""
-        ports = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log.read_text())
-        assert ports, f"{self.name} serves no metrics yet"
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return {
-            name: float(value)
-            for name, value in (line.rsplit(" ", 1) for line in text.splitlines())
-            if name.startswith("lakeprop_cluster_")
-        }
-
-    def _group(self) -> int:
-        """The process group of spark-submit (the JVM and the Python driver)."""
-        assert self.process is not None
-        children = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        return int(children[0]) if children else self.process.pid
-
-    def signal(self, sig: int) -> None:
-        os.killpg(self._group(), sig)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._group(), signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(60)
-
-    def stop(self) -> int:
-        """Ctrl-C: the script stops the query after its micro-batch and leaves the group."""
-        assert self.process is not None
-        if self.process.poll() is not None:
-            return self.process.returncode
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=150)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
+def instance(name: str, config: AppConfig, state: Path) -> Instance:
+    return Instance(name, config, state, cluster_of(config))
 
 
 @contextlib.contextmanager
 def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict[str, Instance]]:
-    started = {name: Instance(name, config, state).start() for name in names}
-    try:
-        yield started
-    except BaseException:
-        for instance in started.values():
-            print(f"--- {instance.name}\n" + instance.log.read_text()[-6000:])
-        raise
-    finally:
-        for instance in started.values():
-            with contextlib.suppress(Exception):
-                instance.signal(signal.SIGCONT)
-            with contextlib.suppress(Exception):
-                instance.stop()
+    with stopped_at_exit({name: instance(name, config, state).start() for name in names}) as run:
+        yield run
 
 
 def group(
@@ -285,7 +173,7 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
         running["i1"].signal(signal.SIGCONT)
 
         # the killed one restarts, the paused one rejoins: all three share again
-        running["i0"] = Instance("i0", app_config, state).start()
+        running["i0"] = instance("i0", app_config, state).start()
         fleet.members({"i0", "i1", "i2"})
         versions = fleet.commit_everywhere()
         fleet.reached(versions)

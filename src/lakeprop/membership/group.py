@@ -353,6 +353,8 @@ class Seat:
                 self._drop(lambda _slots: None)
                 self._producer.flush(5)
                 self._meter.close()
+                # librdkafka's clients live as long as a reference: let them go
+                self._consumer = self._meter = self._producer = None
 
     def _beat(self) -> None:
         try:

@@ -1,0 +1,174 @@
+"""Service instances as separate ``spark-submit.sh`` processes, for the tests and
+benchmarks of several instances sharing the tables.
+
+Each one runs the cluster config (``conf/cluster.toml``) on a local master of
+one core, against the given broker, warehouse and state, with the membership
+settings of ``cluster``; its output goes to ``<workdir>/<name>.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from devkit.spark import TEST_CONF
+from devkit.standalone import ROOT
+from lakeprop.config import AppConfig, ClusterConfig
+
+SMALL_DATA = (
+    "spark.log.level",
+    "spark.sql.shuffle.partitions",
+    "spark.databricks.delta.snapshotPartitions",
+    "spark.sql.codegen.wholeStage",
+    "spark.sql.codegen.factoryMode",
+)
+"""The tests' settings for tables of a few rows, given as a user would: ``--conf``."""
+
+
+def small_data_conf() -> dict[str, str]:
+    return {k: TEST_CONF[k] for k in SMALL_DATA}
+
+
+class Instance:
+    """One ``spark-submit.sh`` process of the service."""
+
+    def __init__(
+        self,
+        name: str,
+        config: AppConfig,
+        workdir: Path,
+        cluster: ClusterConfig,
+        spark_conf: Mapping[str, str] | None = None,
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.workdir = workdir
+        self.cluster = cluster
+        self.spark_conf = small_data_conf() if spark_conf is None else spark_conf
+        """The ``--conf`` settings (default: those for tables of a few rows)."""
+        self.settings = settings or {}
+        self.log = workdir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Instance:
+        settings = {
+            "kafka.topic": self.config.kafka.topic,
+            "kafka.create_topic": "true",
+            "tick_interval": '"1s"',
+            "tables.resolution": '"path"',
+            "tables.warehouse": self.config.tables.warehouse,
+            "state.location": self.config.state.location,
+            "state.checkpoint_location": self.config.state.checkpoint_location,
+            "metrics.enabled": "true",
+            "metrics.host": '"127.0.0.1"',
+            "metrics.port": "0",
+            "engine.workers": "2",
+            "engine.retry_base": '"1s"',
+            "cluster.enabled": "true",
+            "cluster.instance_id": self.name,
+            "cluster.topic": self.cluster.topic,
+            "cluster.slots": str(self.cluster.slots),
+            "cluster.session_timeout": f'"{self.cluster.session_timeout:g}s"',
+            "cluster.heartbeat_interval": f'"{self.cluster.heartbeat_interval:g}s"',
+            **self.settings,
+        }
+        command = [
+            str(ROOT / "spark-submit.sh"),
+            *("--master", "local[1]", "--config", "conf/cluster.toml"),
+            *("--conf", "spark.ui.enabled=false"),
+            *[arg for k, v in self.spark_conf.items() for arg in ("--conf", f"{k}={v}")],
+            *[arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")],
+        ]
+        env = {
+            **os.environ,
+            "LAKEPROP_KAFKA_BOOTSTRAP": self.config.kafka.bootstrap_servers,
+            "LAKEPROP_STATE": str(self.workdir),
+        }
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def scrape(self) -> dict[str, float]:
+        """This instance's cluster metrics, from its own endpoint (the latest start's)."""
+        ports = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log.read_text())
+        assert ports, f"{self.name} serves no metrics yet"
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return {
+            name: float(value)
+            for name, value in (line.rsplit(" ", 1) for line in text.splitlines())
+            if name.startswith("lakeprop_cluster_")
+        }
+
+    def _group(self) -> int:
+        """The process group of spark-submit (the JVM and the Python driver)."""
+        assert self.process is not None
+        children = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        return int(children[0]) if children else self.process.pid
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self._group(), sig)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._group(), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(60)
+
+    def terminate(self) -> None:
+        """Ctrl-C: the script stops the query after its micro-batch and leaves the group."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+
+    def stop(self) -> int:
+        """:meth:`terminate`, and wait for the process to end."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            return self.process.returncode
+        self.terminate()
+        try:
+            return self.process.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+
+@contextlib.contextmanager
+def stopped_at_exit(started: dict[str, Instance]) -> Iterator[dict[str, Instance]]:
+    """Yield ``started``; at exit resume and stop every instance in it (on a failure,
+    print the tail of each one's log first)."""
+    try:
+        yield started
+    except BaseException:
+        for instance in started.values():
+            print(f"--- {instance.name}\n" + instance.log.read_text()[-6000:])
+        raise
+    finally:
+        for instance in started.values():
+            with contextlib.suppress(Exception):
+                instance.signal(signal.SIGCONT)
+            with contextlib.suppress(Exception):
+                instance.terminate()  # all at once: each drains its micro-batch meanwhile
+        for instance in started.values():
+            with contextlib.suppress(Exception):
+                instance.stop()
