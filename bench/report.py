@@ -42,6 +42,7 @@ from bench import (  # noqa: E402
     registration,
     results,
     scale,
+    scale_out,
     small_tail,
     throughput,
     vectors,
@@ -58,6 +59,7 @@ SECTIONS = (
     (vectors.TITLE, vectors),
     (membership.TITLE, membership),
     (failover.TITLE, failover),
+    (scale_out.TITLE, scale_out),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""
 

@@ -35,6 +35,7 @@ from bench import (  # noqa: E402
     registration,
     results,
     scale,
+    scale_out,
     small_tail,
     throughput,
     vectors,
@@ -61,6 +62,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "vectors": {"rows": 3000, "dim": 16, "queries": 20, "tail": 300},
         "membership": {"tables": 5000},
         "failover": {"tables": 3, "kills": 1},
+        "scale_out": {"jobs": 50, "tables": 10},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -79,6 +81,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "vectors": {"rows": 100_000, "dim": 128, "queries": 200, "tail": 10_000},
         "membership": {"tables": 100_000},
         "failover": {"tables": 12, "kills": 10},
+        "scale_out": {"jobs": 20_000, "tables": 4_000},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -97,6 +100,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "vectors": {"rows": 1_000_000, "dim": 128, "queries": 200, "tail": 10_000},
         "membership": {"tables": 100_000},
         "failover": {"tables": 12, "kills": 10},
+        "scale_out": {"jobs": 20_000, "tables": 4_000},
     },
 }
 
@@ -117,6 +121,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "vectors": vectors.run,
     "membership": membership.run,
     "failover": failover.run,
+    "scale_out": scale_out.run,
 }
 
 

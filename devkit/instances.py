@@ -46,6 +46,8 @@ class Instance:
         cluster: ClusterConfig,
         spark_conf: Mapping[str, str] | None = None,
         settings: Mapping[str, str] | None = None,
+        master: str = "local[1]",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -54,6 +56,8 @@ class Instance:
         self.spark_conf = small_data_conf() if spark_conf is None else spark_conf
         """The ``--conf`` settings (default: those for tables of a few rows)."""
         self.settings = settings or {}
+        self.master = master
+        self.env = env or {}
         self.log = workdir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -81,7 +85,7 @@ class Instance:
         }
         command = [
             str(ROOT / "spark-submit.sh"),
-            *("--master", "local[1]", "--config", "conf/cluster.toml"),
+            *("--master", self.master, "--config", "conf/cluster.toml"),
             *("--conf", "spark.ui.enabled=false"),
             *[arg for k, v in self.spark_conf.items() for arg in ("--conf", f"{k}={v}")],
             *[arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")],
@@ -90,6 +94,7 @@ class Instance:
             **os.environ,
             "LAKEPROP_KAFKA_BOOTSTRAP": self.config.kafka.bootstrap_servers,
             "LAKEPROP_STATE": str(self.workdir),
+            **self.env,
         }
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
@@ -102,8 +107,9 @@ class Instance:
             )
         return self
 
-    def scrape(self) -> dict[str, float]:
-        """This instance's cluster metrics, from its own endpoint (the latest start's)."""
+    def scrape(self, prefix: str = "lakeprop_cluster_") -> dict[str, float]:
+        """This instance's metrics named ``prefix...``, from its own endpoint (the latest
+        start's), by sample name with labels: ``name{label="value"}``."""
         ports = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log.read_text())
         assert ports, f"{self.name} serves no metrics yet"
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as r:
@@ -111,7 +117,7 @@ class Instance:
         return {
             name: float(value)
             for name, value in (line.rsplit(" ", 1) for line in text.splitlines())
-            if name.startswith("lakeprop_cluster_")
+            if name.startswith(prefix)
         }
 
     def _group(self) -> int:

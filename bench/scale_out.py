@@ -1,0 +1,137 @@
+"""Scale-out: trigger selection and catch-up with one instance against three.
+
+`jobs` jobs on `tables` tables (five per table, sharing their iterations,
+with a consumer that writes nothing), synced at version 1 of every table, and
+every table then at version 2: one tail iteration per table to catch up.
+First one instance (``spark-submit.sh``, a local master of two cores) runs
+alone; then, on a fresh copy of the same state, three instances (one core
+each: the same two cores of this machine between them) share the tables
+through the membership group. For each: the wall time from launching the
+processes until every table's iteration to version 2 is recorded, and the
+mean trigger-selection time per tick of each instance over that time, from
+its own metrics endpoint (`lakeprop_tick_phase_seconds`). The baseline is
+the one instance.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from bench.common import SCHEMA, Figure, Result, app_config, cdf_table
+from bench.scale import synced_rows
+from devkit.instances import ROOT, Instance, stopped_at_exit
+from devkit.waiting import assert_eventually
+from lakeprop.client.api import TableWatch
+from lakeprop.config import ClusterConfig
+from lakeprop.service.app import PropagationApp
+from lakeprop.state.store import HISTORY_TABLE
+from lakeprop.tables.probe import DeltaLogProbe
+
+TITLE = "scale-out"
+SELECTION = 'lakeprop_tick_phase_seconds_{0}{{phase="selection"}}'
+
+
+def run(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap: str,
+    jobs: int = 20_000,
+    tables: int = 4_000,
+    instances: int = 3,
+    **_: Any,
+) -> Result:
+    result = Result(TITLE, {"jobs": jobs, "tables": tables, "instances": instances})
+    result.baseline = "one instance on the same two cores"
+    template = workdir / "_template" / "t"
+    cdf_table(spark, str(template))
+    for version in (1, 2):
+        spark.createDataFrame([(version, "x", 0.0)], SCHEMA).write.format("delta").mode(
+            "append"
+        ).save(str(template))
+    shape = (template, jobs, tables)
+    one_time, one = _catch_up(spark, workdir / "one", bootstrap, shape, 1)
+    many_time, many = _catch_up(spark, workdir / "many", bootstrap, shape, instances)
+    result.figures += [
+        Figure("catch-up from launch", "s", round(many_time, 1), round(one_time, 1)),
+        Figure(
+            "selection per tick, mean, busiest instance",
+            "ms",
+            round(max(many) * 1000, 2),
+            round(one[0] * 1000, 2),
+        ),
+    ]
+    result.checks["every table caught up, both ways"] = True  # _catch_up raises otherwise
+    return result
+
+
+def _catch_up(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap: str,
+    shape: tuple[Path, int, int],
+    count: int,
+) -> tuple[float, list[float]]:
+    """Launch ``count`` instances on a fresh state; the seconds until every table's
+    iteration to version 2 is recorded, and each instance's mean selection per tick."""
+    template, jobs, tables = shape
+    config = app_config(workdir, bootstrap)
+    warehouse = Path(config.tables.warehouse)
+    for i in range(tables):
+        shutil.copytree(template, warehouse / "db" / f"t{i}")
+    metadata = DeltaLogProbe(spark).metadata(str(template))
+    assert metadata is not None
+    seed = PropagationApp(spark, config)
+    seed.prepare()
+    seed.catalog.commit(synced_rows(jobs, tables, metadata.table_id))
+    seed.shutdown()
+    cluster = ClusterConfig(
+        enabled=count > 1,
+        topic=f"{config.kafka.topic}.members",
+        slots=256,
+        session_timeout=10.0,
+        heartbeat_interval=1.0,
+    )
+    settings = {"cluster.enabled": "true" if count > 1 else "false"}
+    env = {"PYTHONPATH": str(ROOT)}  # the benchmark's consumer
+    master = "local[2]" if count == 1 else "local[1]"
+    history = config.state.table_path(HISTORY_TABLE)
+    watch = TableWatch(spark, history)
+    launched = time.monotonic()
+    started = {
+        name: Instance(name, config, workdir, cluster, None, settings, master, env).start()
+        for name in (f"i{n}" for n in range(count))
+    }
+    with stopped_at_exit(started) as running:
+        assert_eventually(
+            lambda: _all_reached(spark, history, tables),
+            timeout=3600,
+            interval=2.0,
+            changes=[watch],
+        )
+        elapsed = time.monotonic() - launched
+        selection = [_selection_mean(i) for i in running.values()]
+    return elapsed, selection
+
+
+def _all_reached(spark: SparkSession, history: str, tables: int) -> None:
+    reached = (
+        spark.read.format("delta")
+        .load(history)
+        .where("outcome = 'success' AND to_version = 2")
+        .select(F.countDistinct("table"))
+        .first()[0]
+    )
+    assert reached == tables, f"{reached} of {tables} tables caught up"
+
+
+def _selection_mean(instance: Instance) -> float:
+    """Mean seconds of the selection phase per tick, from the instance's metrics."""
+    scraped = instance.scrape("lakeprop_tick_phase_seconds_")
+    ticks = scraped.get(SELECTION.format("count"), 0.0)
+    return scraped[SELECTION.format("sum")] / ticks if ticks else 0.0
