@@ -60,6 +60,7 @@ class Instance:
         self.env = env or {}
         self.log = workdir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._terminated = False
 
     def start(self) -> Instance:
         settings = {
@@ -96,6 +97,7 @@ class Instance:
             "LAKEPROP_STATE": str(self.workdir),
             **self.env,
         }
+        self._terminated = False
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 command,
@@ -140,9 +142,13 @@ class Instance:
         self.process.wait(60)
 
     def terminate(self) -> None:
-        """Ctrl-C: the script stops the query after its micro-batch and leaves the group."""
+        """Ctrl-C: the script stops the query after its micro-batch and leaves the group.
+
+        Once per start: the script handles the first SIGTERM and dies of a second
+        one, which would leave the driver running without its stop."""
         assert self.process is not None
-        if self.process.poll() is None:
+        if self.process.poll() is None and not self._terminated:
+            self._terminated = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGTERM)
 
