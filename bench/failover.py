@@ -21,12 +21,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.common import SCHEMA, Figure, Result, app_config, percentile, same_rows, sources
-from devkit.instances import Instance, stopped_at_exit
+from devkit.instances import Instance, settled, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient, TableWatch
 from lakeprop.config import AppConfig, ClusterConfig
-from lakeprop.errors import BrokerError
-from lakeprop.membership.members import Member, members
+from lakeprop.membership.members import Member
 from lakeprop.spec import JobKey
 from lakeprop.state.store import HISTORY_TABLE
 
@@ -124,18 +123,7 @@ class Fleet:
 
     def settled(self, expected: set[str]) -> dict[str, Member]:
         """The group once exactly ``expected`` hold all the slots between them."""
-
-        def check() -> dict[str, Member]:
-            try:
-                found = members(self.config.kafka, self.cluster, self.names)
-            except BrokerError as exc:  # the coordinator is still loading
-                raise AssertionError(str(exc)) from exc
-            seen = {m.instance: m for m in found if m.slots}
-            assert set(seen) == expected, seen
-            assert sum(len(m.slots) for m in seen.values()) == self.cluster.slots, seen
-            return seen
-
-        return assert_eventually(check, timeout=600, interval=0.5)
+        return settled(self.config.kafka, self.cluster, self.names, expected, timeout=600)
 
     def served(self, since: float, tables: set[str], not_by: str = "") -> float:
         """When the first iteration on one of ``tables`` started after ``since`` on an

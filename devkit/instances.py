@@ -19,7 +19,10 @@ from pathlib import Path
 
 from devkit.spark import TEST_CONF
 from devkit.standalone import ROOT
-from lakeprop.config import AppConfig, ClusterConfig
+from devkit.waiting import assert_eventually
+from lakeprop.config import AppConfig, ClusterConfig, KafkaConfig
+from lakeprop.errors import BrokerError
+from lakeprop.membership.members import Member, members
 
 SMALL_DATA = (
     "spark.log.level",
@@ -184,3 +187,25 @@ def stopped_at_exit(started: dict[str, Instance]) -> Iterator[dict[str, Instance
         for instance in started.values():
             with contextlib.suppress(Exception):
                 instance.stop()
+
+
+def settled(
+    kafka: KafkaConfig,
+    cluster: ClusterConfig,
+    tables: list[tuple[str, str]],
+    expected: set[str],
+    timeout: float = 300.0,
+) -> dict[str, Member]:
+    """The group, by instance, once exactly ``expected`` hold all the slots between them."""
+
+    def check() -> dict[str, Member]:
+        try:
+            found = members(kafka, cluster, tables)
+        except BrokerError as exc:  # the group's coordinator is still loading
+            raise AssertionError(str(exc)) from exc
+        seen = {m.instance: m for m in found if m.slots}
+        assert set(seen) == expected, seen
+        assert sum(len(m.slots) for m in seen.values()) == cluster.slots, seen
+        return seen
+
+    return assert_eventually(check, timeout=timeout, interval=0.5)

@@ -23,13 +23,12 @@ from chispa import assert_df_equality
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
-from devkit.instances import Instance, stopped_at_exit
+from devkit.instances import Instance, settled, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
-from lakeprop.errors import BrokerError
-from lakeprop.membership.members import Member, members
+from lakeprop.membership.members import Member
 from lakeprop.membership.slots import slot_of
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, cli_settings, history, latest_version, watches
@@ -60,16 +59,6 @@ def instance(name: str, config: AppConfig, state: Path) -> Instance:
 def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict[str, Instance]]:
     with stopped_at_exit({name: instance(name, config, state).start() for name in names}) as run:
         yield run
-
-
-def group(
-    config: AppConfig, cluster: ClusterConfig, tables: list[tuple[str, str]]
-) -> dict[str, Member]:
-    try:
-        found = members(config.kafka, cluster, tables)
-    except BrokerError as exc:  # the group's coordinator is still loading
-        raise AssertionError(str(exc)) from exc
-    return {m.instance: m for m in found if m.slots}
 
 
 class Fleet:
@@ -122,14 +111,7 @@ class Fleet:
 
     def members(self, expected: set[str]) -> dict[str, Member]:
         """The group once exactly ``expected`` hold all the slots between them."""
-
-        def check() -> dict[str, Member]:
-            seen = group(self.config, cluster_of(self.config), self.tables)
-            assert set(seen) == expected, seen
-            assert sum(len(m.slots) for m in seen.values()) == SLOTS, seen
-            return seen
-
-        return assert_eventually(check, timeout=300, interval=0.5)
+        return settled(self.config.kafka, cluster_of(self.config), self.tables, expected)
 
     def assert_replicas_equal_their_sources(self) -> None:
         for name in self.names:
