@@ -848,6 +848,7 @@ gc_retention = "4s"
         stacks = self.workdir / "stuck-threads.txt"
         with stacks.open("w") as out:  # where every thread was when it gave up
             faulthandler.dump_traceback(out, all_threads=True)
+        jvm_dump(self.spark, self.workdir / "stuck-jvm.txt")
         queries = [(q.name, q.status, q.lastProgress) for q in self.spark.streams.active]
         log.error("stuck after the fault; queries: %s; threads:\n%s", queries, stacks.read_text())
         self.report.differences.append(
@@ -1132,3 +1133,28 @@ def postings(text: str | None) -> dict[str, list[int]]:
     for position, term in TOKENIZER.tokens(text):
         out.setdefault(term, []).append(position)
     return out
+
+
+def jvm_dump(spark: SparkSession, path: Path) -> None:
+    """The driver JVM's threads, heap and GC counters into ``path`` (through ``jcmd``,
+    so a JVM too busy to answer Py4J is still seen)."""
+    gateway = spark.sparkContext._gateway
+    proc = getattr(gateway, "proc", None) if gateway is not None else None
+    if proc is None:
+        return
+    pids = subprocess.run(
+        ["pgrep", "-f", "-P", str(proc.pid), "java"], capture_output=True, text=True
+    ).stdout.split() or [str(proc.pid)]
+    with path.open("w") as out:
+        for pid in pids:
+            for command in ("GC.heap_info", "VM.uptime", "Thread.print"):
+                out.write(f"== jcmd {pid} {command}\n")
+                out.flush()
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                    subprocess.run(
+                        ["jcmd", pid, command], stdout=out, stderr=out, timeout=60, check=False
+                    )
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                out.write(f"== jstat -gcutil {pid}\n")
+                out.flush()
+                subprocess.run(["jstat", "-gcutil", pid], stdout=out, stderr=out, timeout=60)
