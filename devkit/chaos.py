@@ -880,7 +880,11 @@ gc_retention = "4s"
                 if any([w.changed() for w in watches]) and self.caught_up():
                     return
                 time.sleep(0.5)
-            self.report.differences.append(f"not caught up after {self.settings.catch_up_timeout}s")
+            jvm_dump(self.spark, self.workdir / "stuck-jvm.txt")
+            self.report.differences.append(
+                f"not caught up after {self.settings.catch_up_timeout}s "
+                f"(driver JVM: {self.workdir / 'stuck-jvm.txt'})"
+            )
         finally:
             service.stop()
 

@@ -35,6 +35,10 @@ TEST_CONF = {
     # Delta's VACUUM lists a table's directories with this many tasks (Spark's
     # default, 10,000, is made for clusters): 32 s down to 4 s on a small table.
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+    # One test run makes thousands of short-lived tables, and Delta keeps the log
+    # of each (with its snapshot's plans) for an hour, up to 10,000 of them: in
+    # one 2 GB driver that filled the heap before the suite ended.
+    "spark.databricks.delta.delta.log.cacheSize": "64",
 }
 
 
