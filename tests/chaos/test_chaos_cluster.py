@@ -1,6 +1,5 @@
-"""Two instances share the tables; one at random is killed, one paused; nothing is
-lost or applied twice. (Three processes share tables in the scale-out integration
-test; here the workload and the checks are the chaos harness's own.)"""
+"""Three instances share the tables; random ones are killed and paused; nothing is
+lost or applied twice."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 def test_instances_killed_and_paused_at_random_lose_nothing_and_apply_nothing_twice(
     spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:
-    # the bounded version: a kill and a pause (scripts/chaos.sh --instances N --events N)
+    # the bounded version: a kill and a pause (scripts/chaos.sh --instances 3 --events N)
     settings = ChaosSettings(
-        seed=3, points=(), random_kills=0, instances=2, cluster_events=2, step_every=3.0
+        seed=3, points=(), random_kills=0, instances=3, cluster_events=2, step_every=3.0
     )
     report = Chaos(spark, tmp_path / "chaos", kafka.bootstrap_servers, settings).run()
     print(report.summary())

@@ -1,4 +1,4 @@
-"""Three service processes share twelve tables through the membership group.
+"""Three service processes share thirty tables through the membership group.
 
 Each instance is its own ``spark-submit.sh`` process (local master, one core),
 on the test's broker and one shared state. The test kills one (SIGKILL),
@@ -36,19 +36,9 @@ from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
 
+TABLES = 30
 SLOTS = 12
 SESSION = 6.0
-
-
-def one_table_per_slot() -> list[str]:
-    """Table names whose slots are all different and cover every slot, so each
-    instance holding a slot serves a table."""
-    names: dict[int, str] = {}
-    for i in itertools.count():
-        names.setdefault(slot_of("fleet", f"t{i:02d}", SLOTS), f"t{i:02d}")
-        if len(names) == SLOTS:
-            return sorted(names.values())
-    raise AssertionError("unreachable")
 
 
 def cluster_of(config: AppConfig) -> ClusterConfig:
@@ -72,12 +62,12 @@ def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict
 
 
 class Fleet:
-    """The test's sources, one per slot, one replica job each."""
+    """The test's thirty sources, one replica job each."""
 
     def __init__(self, spark: SparkSession, config: AppConfig) -> None:
         self.spark = spark
         self.config = config
-        self.names = one_table_per_slot()
+        self.names = [f"t{i:02d}" for i in range(TABLES)]
         self.paths = {name: cdf_source(spark, config, "fleet", name) for name in self.names}
         self.tables = [("fleet", name) for name in self.names]
         self._rows = iter(range(0, 10_000, 2))
