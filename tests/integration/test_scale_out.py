@@ -18,8 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from deltalake import write_deltalake
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
@@ -32,7 +34,6 @@ from lakeprop.membership.members import Member
 from lakeprop.membership.slots import slot_of
 from lakeprop.spec import JobKey
 from tests.integration.helpers import cdf_source, cli_settings, history, latest_version, watches
-from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
 
@@ -84,10 +85,19 @@ class Fleet:
             )
 
     def commit_everywhere(self) -> dict[str, int]:
-        """Two new rows in every source; the versions they made."""
+        """Two new rows in every source, written by delta-rs (no Spark job here, so
+        the instances keep the cores); the versions they made."""
         for name in self.names:
             start = next(self._rows)
-            add_rows(self.spark, self.paths[name], range(start, start + 2))
+            ids = list(range(start, start + 2))
+            rows = pa.table(
+                {
+                    "id": pa.array(ids, pa.int32()),
+                    "name": [f"n{i}" for i in ids],
+                    "amount": pa.array(ids, pa.float64()),
+                }
+            )
+            write_deltalake(self.paths[name], rows, mode="append")
         return {name: latest_version(self.spark, self.paths[name]) for name in self.names}
 
     def reached(self, versions: dict[str, int], timeout: float = 240.0) -> None:
