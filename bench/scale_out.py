@@ -10,7 +10,8 @@ through the membership group. For each: the wall time from launching the
 processes until every table's iteration to version 2 is recorded, and the
 mean trigger-selection time per tick of each instance over that time, from
 its own metrics endpoint (`lakeprop_tick_phase_seconds`). The baseline is
-the one instance.
+the one instance. Every driver gets 4 GB: Delta keeps each table's log in the
+driver, and thousands of tables outgrow spark-submit's default of 1 GB.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pyspark.sql import functions as F
 
 from bench.common import SCHEMA, Figure, Result, app_config, cdf_table
 from bench.scale import synced_rows
-from devkit.instances import ROOT, Instance, stopped_at_exit
+from devkit.instances import ROOT, Instance, small_data_conf, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import TableWatch
 from lakeprop.config import ClusterConfig
@@ -34,6 +35,7 @@ from lakeprop.state.store import HISTORY_TABLE
 from lakeprop.tables.probe import DeltaLogProbe
 
 TITLE = "scale-out"
+DRIVER_MEMORY = "4g"
 SELECTION = 'lakeprop_tick_phase_seconds_{0}{{phase="selection"}}'
 
 
@@ -99,12 +101,13 @@ def _catch_up(
     )
     settings = {"cluster.enabled": "true" if count > 1 else "false"}
     env = {"PYTHONPATH": str(ROOT)}  # the benchmark's consumer
+    conf = {**small_data_conf(), "spark.driver.memory": DRIVER_MEMORY}
     master = "local[2]" if count == 1 else "local[1]"
     history = config.state.table_path(HISTORY_TABLE)
     watch = TableWatch(spark, history)
     launched = time.monotonic()
     started = {
-        name: Instance(name, config, workdir, cluster, None, settings, master, env).start()
+        name: Instance(name, config, workdir, cluster, conf, settings, master, env).start()
         for name in (f"i{n}" for n in range(count))
     }
     with stopped_at_exit(started) as running:
