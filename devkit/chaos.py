@@ -1140,25 +1140,17 @@ def postings(text: str | None) -> dict[str, list[int]]:
 
 
 def jvm_dump(spark: SparkSession, path: Path) -> None:
-    """The driver JVM's threads, heap and GC counters into ``path`` (through ``jcmd``,
-    so a JVM too busy to answer Py4J is still seen)."""
+    """The driver JVM's threads, heap and GC counters into ``path`` (through ``jcmd``
+    and ``jstat``, so a JVM too busy to answer Py4J is still seen)."""
     gateway = spark.sparkContext._gateway
     proc = getattr(gateway, "proc", None) if gateway is not None else None
-    if proc is None:
+    if proc is None:  # not a JVM this process launched
         return
-    pids = subprocess.run(
-        ["pgrep", "-f", "-P", str(proc.pid), "java"], capture_output=True, text=True
-    ).stdout.split() or [str(proc.pid)]
+    pid = str(proc.pid)
+    commands = [["jcmd", pid, c] for c in ("GC.heap_info", "VM.uptime", "Thread.print")]
     with path.open("w") as out:
-        for pid in pids:
-            for command in ("GC.heap_info", "VM.uptime", "Thread.print"):
-                out.write(f"== jcmd {pid} {command}\n")
-                out.flush()
-                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                    subprocess.run(
-                        ["jcmd", pid, command], stdout=out, stderr=out, timeout=60, check=False
-                    )
+        for command in [*commands, ["jstat", "-gcutil", pid]]:
+            out.write(f"== {' '.join(command)}\n")
+            out.flush()
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                out.write(f"== jstat -gcutil {pid}\n")
-                out.flush()
-                subprocess.run(["jstat", "-gcutil", pid], stdout=out, stderr=out, timeout=60)
+                subprocess.run(command, stdout=out, stderr=out, timeout=60, check=False)

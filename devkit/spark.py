@@ -37,7 +37,7 @@ TEST_CONF = {
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
     # One test run makes thousands of short-lived tables, and Delta keeps the log
     # of each (with its snapshot's plans) for an hour, up to 10,000 of them: in
-    # one 2 GB driver that filled the heap before the suite ended.
+    # one 2 GB driver that nearly filled the heap long before the suite ended.
     "spark.databricks.delta.delta.log.cacheSize": "64",
 }
 
