@@ -10,9 +10,10 @@ two ways:
 * **kill**: the service runs as a real ``spark-submit.sh`` process and the
   point ends the whole process tree with SIGKILL. Used where only a process
   death tells the truth: inside an iteration, after some or all consumer
-  writes committed and before anything of the iteration is recorded
-  (``KILL_POINTS``). In-process, a raise there would be caught by the
-  iteration and recorded as a failed member: the retry path, not this crash.
+  writes committed and before anything of the iteration is recorded, and
+  in a vector index build (``KILL_POINTS``). In-process, a raise there would
+  be caught by the iteration (or the build's thread) and recorded as a
+  failure: the retry path, not this crash.
   Unarmed kill cycles SIGKILL the tree at a random moment.
 * **raise**: the service runs in this process (the checker's SparkSession)
   and the point raises. In a micro-batch that fails the batch before its
@@ -21,7 +22,7 @@ two ways:
   path a restart after a kill takes, for a fraction of a JVM start. The cycle
   then proves the service recovered (a new message gets its verdict).
 
-Meanwhile a seeded workload runs: jobs of four consumer types and three
+Meanwhile a seeded workload runs: jobs of six consumer types and three
 trigger kinds are registered, updated, paused, resynced, unregistered and
 registered again through the change log, bulk resyncs go over a table's
 jobs, and rows are inserted, updated and deleted in two source tables. After
@@ -83,14 +84,19 @@ from lakeprop.tables.probe import DeltaLogProbe
 log = logging.getLogger("chaos")
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING"
+SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING, emb ARRAY<FLOAT>"
 TABLES = ("orders", "notes")
 WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", "kafka"]
 TOKENIZER = Tokenizer()
 
 
 KILL_POINTS = frozenset(
-    {"iteration.between_consumers", "iteration.after_writes", "iteration.snapshot"}
+    {
+        "iteration.between_consumers",
+        "iteration.after_writes",
+        "iteration.snapshot",
+        "index.written",
+    }
 )
 """Points crashed by a process death; every other point raises in-process."""
 
@@ -227,6 +233,13 @@ def consumer_for(kind: str) -> dict[str, Any]:
         # change events of an ordinary table by commit version: its latest rows, its history
         "cdc1": {"keys": ["id"], "source_kind": "table"},
         "cdc2": {"keys": ["id"], "source_kind": "table", "stored_as_scd_type": 2},
+        # four lists, re-trained whenever a fifth of the vectors changed: builds mid-run
+        "vector_index": {
+            "key": ["id"],
+            "vector": "emb",
+            "lists": 4,
+            "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
+        },
     }
     return {"type": "auto_cdc" if kind.startswith("cdc") else kind, "options": known[kind]}
 
@@ -397,6 +410,7 @@ gc_retention = "4s"
                     f"g{rng.randint(0, 3)}",
                     float(rng.randint(1, 50)),
                     " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 6))),
+                    [float(rng.randint(0, 9)), float(i % 7)],
                 )
                 for i in ids
             ]
@@ -410,6 +424,9 @@ gc_retention = "4s"
                     "name": F.lit(f"g{rng.randint(0, 3)}"),
                     "amount": F.col("amount") + 1.0,
                     "body": F.lit(" ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 4)))),
+                    "emb": F.array(
+                        F.lit(float(rng.randint(0, 9))), (F.col("id") % 7).cast("float")
+                    ),
                 },
             )
         else:
@@ -525,6 +542,11 @@ gc_retention = "4s"
         key = JobKey(1, "chaos", self.rng.choice(TABLES), f"snap{self.snapshots}")
         self.register(key, kind, {"kind": "default"})
 
+    def churn_vectors(self) -> None:
+        """A commit to the vector job's table: past a fifth of its vectors changed, the
+        tail starts a background build of a new index version."""
+        self.commit("notes")
+
     def bulk_resync(self) -> None:
         """A bulk resync of one table's jobs (its base jobs at least): the model counts
         its successful tasks when it checks (:meth:`fold_bulks`)."""
@@ -553,6 +575,7 @@ gc_retention = "4s"
             "gc.run": self.drop_one,
             "bulk.written": self.bulk_resync,
             "bulk.applied": self.bulk_resync,
+            "index.written": self.churn_vectors,
         }
         return drivers[point] if point else self.step
 
@@ -572,7 +595,7 @@ gc_retention = "4s"
         # three default-trigger jobs per table: they share iterations from the start
         starters = {
             "orders": ("replica", "fulltext_index", "cdc2"),
-            "notes": ("secondary_index", "aggregate_view", "cdc1"),
+            "notes": ("secondary_index", "aggregate_view", "cdc1", "vector_index"),
         }
         for table, kinds in starters.items():
             for kind in kinds:
@@ -1046,6 +1069,13 @@ gc_retention = "4s"
             want, actual = rows(source), rows(target.select(*source.columns))
         elif kind == "secondary_index":
             want, actual = rows(source.select("name", "id")), rows(target.select("name", "id"))
+        elif kind == "vector_index":
+            index = self.spark.read.format("delta").load(
+                str(self.warehouse / "chaos" / f"{key.table}_{key.job_name}__index")
+            )
+            live = index.where("live").select("index_version")
+            want = rows(source.where("emb IS NOT NULL").select("id", "emb"))
+            actual = rows(target.join(live, "index_version").select("id", "emb"))
         elif kind == "aggregate_view":
             batch = source.groupBy("name").agg(
                 F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")

@@ -51,6 +51,7 @@ POINTS = {
     "gc.run": "garbage collection is about to delete dropped jobs",
     "bulk.written": "bulk tasks are written running (or a request recorded), the catalog not yet",
     "bulk.applied": "bulk tasks are applied in the catalog, not yet marked done",
+    "index.written": "a vector index version is written, the pointer not yet switched to it",
 }
 ACTIONS = ("kill", "raise")
 

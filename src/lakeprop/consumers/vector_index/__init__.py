@@ -81,6 +81,7 @@ from lakeprop.errors import (
     PermanentError,
     TemporaryError,
 )
+from lakeprop.faults import fault_point
 from lakeprop.spec import target_table
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import TableHandle
@@ -180,6 +181,18 @@ def _shape(data: TableHandle | DataFrame) -> list[tuple[str, str]]:
     """Column names and types, nullability aside (a stored table's columns are nullable)."""
     schema = data.load(data.reader()).schema if isinstance(data, TableHandle) else data.schema
     return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
+def _replacing(writer: Any, number: int, replace_all: bool) -> Any:
+    """An overwrite of index version ``number``'s rows alone, or of the whole table.
+
+    One commit replaces the rows of an attempt a crash cut short, and two builds
+    of one version (a paused instance's, resumed after its slot moved, and its
+    new owner's) conflict instead of both landing: Delta fails the later of two
+    overwrites that read the same rows."""
+    if replace_all:
+        return writer.option("overwriteSchema", "true")
+    return writer.option("replaceWhere", f"index_version = {int(number)}")
 
 
 def vector_array(vectors: Any, dimension: int) -> ivf.Vectors:
@@ -528,17 +541,14 @@ class VectorIndexConsumer(Consumer):
         replace_all = fresh and (not postings.exists() or _shape(postings) != _shape(ordered))
         self._write_centroids(number, centroids, build_txn, replace_all)
         if not self._done(postings, build_txn):
-            if not replace_all:  # rows of an attempt a crash cut short
-                postings.delta().delete(F.col("index_version") == number)
             writer = (
                 ordered.write.format("delta")
                 .partitionBy("index_version", "list_id")
-                .mode("overwrite" if replace_all else "append")
+                .mode("overwrite")
                 .options(**build_txn)
             )
-            if replace_all:
-                writer = writer.option("overwriteSchema", "true")
-            postings.save(writer)
+            postings.save(_replacing(writer, number, replace_all or not postings.exists()))
+        fault_point("index.written")
         built = IndexVersion(
             index_version=number,
             live=True,
@@ -591,18 +601,12 @@ class VectorIndexConsumer(Consumer):
         table = self.beside(CENTROIDS)
         if self._done(table, txn):
             return
-        if table.exists() and not replace_all:  # rows of an attempt a crash cut short
-            table.delta().delete(F.col("index_version") == number)
         frame = self.context.spark.createDataFrame(
             [(number, i, [float(x) for x in c]) for i, c in enumerate(centroids)],
             CENTROID_SCHEMA,
         )
-        writer = frame.write.format("delta").options(**txn)
-        if replace_all or not table.exists():
-            writer = writer.mode("overwrite").option("overwriteSchema", "true")
-        else:
-            writer = writer.mode("append")
-        table.save(writer)
+        writer = frame.write.format("delta").mode("overwrite").options(**txn)
+        table.save(_replacing(writer, number, replace_all or not table.exists()))
 
     def _switch(
         self, built: IndexVersion, previous: IndexVersion | None, version: int | None = None
