@@ -136,15 +136,15 @@ def latest_runs(records: Iterable[dict[str, Any]]) -> Runs:
     return {key: by_run[max(by_run)] for key, by_run in runs.items()}
 
 
-def _figure_table(title: str, runs: Runs) -> list[str]:
-    stacks = sorted(stack for (name, size, stack) in runs if name == title and size == "default")
+def _figure_table(title: str, runs: Runs, size: str = "default") -> list[str]:
+    stacks = sorted(stack for (name, at, stack) in runs if name == title and at == size)
     if not stacks:
-        return ["Not yet measured at the default size."]
-    per_stack = {s: {r["figure"]: r for r in runs[(title, "default", s)]} for s in stacks}
+        return [f"Not yet measured at the {size} size."]
+    per_stack = {s: {r["figure"]: r for r in runs[(title, size, s)]} for s in stacks}
     figures: list[str] = []
     for stack in stacks:
         figures += [f for f in per_stack[stack] if f not in figures]
-    first = runs[(title, "default", stacks[-1])][0]
+    first = runs[(title, size, stacks[-1])][0]
     sizes = ", ".join(f"{k}={v}" for k, v in first["sizes"].items())
     lines = [
         f"Sizes: {sizes}. Baseline: {first['baseline_is'] or 'none (targets only)'}.",
@@ -168,7 +168,7 @@ def _figure_table(title: str, runs: Runs) -> list[str]:
         lines.append(
             f"| {figure} | " + " | ".join(cells) + f" | {TARGETS.get((title, figure), '')} |"
         )
-    runs_shown = sorted({runs[(title, "default", s)][0]["at"][:10] for s in stacks})
+    runs_shown = sorted({runs[(title, size, s)][0]["at"][:10] for s in stacks})
     lines += ["", f"Measured on {', '.join(runs_shown)} ({first['machine']})."]
     return lines
 
@@ -190,7 +190,8 @@ def page(records: Sequence[dict[str, Any]], plots: Sequence[str]) -> str:
         "Each benchmark runs lakeprop and the baseline a Spark user writes today side",
         "by side, in one process (one Spark session, one local Kafka broker), and checks",
         "that both produced the same tables; a figure whose checks failed is marked. The",
-        "figures below are the latest run of each benchmark at its default size on each",
+        "figures below are the latest run of each benchmark at its default size (and at",
+        "its full size, where one was run) on each",
         "stack measured, read from the committed results files (`bench/results/`), one",
         "JSON record per figure with the stack's versions and the sizes. Run them with",
         "`make bench` (`SIZE=smoke|default|full`); `make bench-report` rewrites this page.",
@@ -208,6 +209,8 @@ def page(records: Sequence[dict[str, Any]], plots: Sequence[str]) -> str:
             out += [_summary(module), ""]
             described.add(module.__name__)
         out += _figure_table(title, runs)
+        if any(name == title and size == "full" for name, size, _ in runs):
+            out += ["", "At the full size:", "", *_figure_table(title, runs, "full")]
     return "\n".join(out) + "\n"
 
 

@@ -145,6 +145,7 @@ class VectorSearch:
         self.lake = lake
         self._live: tuple[int, dict[str, Any], ivf.Vectors] | None = None
         self._pointer_version: int | None = None
+        self._postings_at: tuple[int | None, Any] | None = None
 
     @classmethod
     def for_job(cls, config: AppConfig, key: JobKey) -> VectorSearch:
@@ -215,8 +216,17 @@ class VectorSearch:
 
     def _read(self, number: int, lists: Sequence[int], conditions: Any) -> Any:
         files = [("index_version", "=", str(number)), ("list_id", "in", [str(i) for i in lists])]
-        dataset = self.lake.dataset(self.location.postings, files)
-        return scan(dataset, [*self.key_columns, self.vector, *self.include], conditions)
+        dataset = self._postings().to_pyarrow_dataset(file_pruning_predicate=files)
+        columns = [*self.key_columns, self.vector, *self.include]
+        return scan(dataset, columns, conditions)
+
+    def _postings(self) -> Any:
+        """The postings table, opened again only when the pointer moved: every
+        iteration writes the pointer after its postings, so the postings as opened
+        hold at least what the live version's pointer row says."""
+        if self._postings_at is None or self._postings_at[0] != self._pointer_version:
+            self._postings_at = (self._pointer_version, self.lake.open(self.location.postings))
+        return self._postings_at[1]
 
     def _ranked(
         self, tables: list[Any], query: ivf.Vectors, metric: str, k: int

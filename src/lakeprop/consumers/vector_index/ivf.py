@@ -37,7 +37,8 @@ def distances(queries: Vectors, base: Vectors, metric: str) -> Vectors:
     """``(len(queries), len(base))`` distances, smaller is nearer (see the module)."""
     dots = queries @ base.T
     if metric == "l2":
-        sq = (queries * queries).sum(1)[:, None] - 2 * dots + (base * base).sum(1)[None, :]
+        squares = np.einsum("ij,ij->i", base, base)  # no (n, d) temporary
+        sq = np.einsum("ij,ij->i", queries, queries)[:, None] - 2 * dots + squares[None, :]
         out: Vectors = np.sqrt(np.maximum(sq, 0, out=sq)).astype(np.float32)
     elif metric == "cosine":
         out = (1 - dots).astype(np.float32)
