@@ -14,9 +14,14 @@ from lakeprop.dev.localkafka import LocalKafka
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.floor]
 
-FLOOR_POINTS = (*sorted(KILL_POINTS), "catalog.written", "history.written")
-"""The floor job's round: every point a process death crashes, and the two raise
-points where the catalog rolls forward from the history (a slice, in its time)."""
+FLOOR_POINTS = (
+    *sorted(KILL_POINTS - {"index.written"}),
+    "catalog.written",
+    "history.written",
+)
+"""The floor job's round: the points where a process death crashes an iteration,
+and the two raise points where the catalog rolls forward from the history (a
+slice, in its time; a killed vector index build is left to the default job)."""
 
 
 @pytest.mark.timeout(1500)
@@ -32,8 +37,9 @@ def test_every_crash_is_survived_and_everything_comes_out_exactly_right(
     assert report.points_missed == []
     assert set(report.points_fired) == set(points)
     # every cycle crashed the service: by a process death where only that tells the truth
-    assert report.kills == len(KILL_POINTS) + settings.random_kills
-    assert report.raises == len(points) - len(KILL_POINTS)
+    killed = KILL_POINTS.intersection(points)
+    assert report.kills == len(killed) + settings.random_kills
+    assert report.raises == len(points) - len(killed)
     # engine.small_iterations = "auto": iterations ran on Spark, and on the native path
     # where a small tail of the greedy replica ran alone. Whether one did depends on
     # when its commits fell between ticks, so only the paths themselves are checked.
