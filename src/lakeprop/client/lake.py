@@ -56,13 +56,9 @@ class Lake:
 
         return DeltaTable(uri(path), storage_options=self.storage_options or None)
 
-    def dataset(self, path: str, files: Sequence[tuple[str, str, Any]] | None = None) -> ds.Dataset:
-        """The table's current version as an Arrow dataset; ``files`` prunes its files
-        by partition values (delta-rs tuple filters)."""
-        table = self.open(path)
-        if files:
-            return table.to_pyarrow_dataset(file_pruning_predicate=list(files))
-        return table.to_pyarrow_dataset()
+    def dataset(self, path: str) -> ds.Dataset:
+        """The table's current version as an Arrow dataset."""
+        return self.open(path).to_pyarrow_dataset()
 
     def read(self, path: str, columns: Sequence[str] | None = None, where: Any = None) -> pa.Table:
         """Rows of the table (``where``: an Arrow expression, pushed down to Parquet)."""
