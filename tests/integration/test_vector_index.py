@@ -16,6 +16,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+import lakeprop.consumers.vector_index as vector_index
 from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.lake import Lake
@@ -25,7 +26,7 @@ from lakeprop.client.vectors import VectorSearch, hybrid_search, reciprocal_rank
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import VectorError, VectorIndexConsumer, ivf
-from lakeprop.consumers.vector_index.builds import BUILDS
+from lakeprop.consumers.vector_index.builds import BUILDS, Builds
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
@@ -279,6 +280,70 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     # the rows of the first attempt were replaced, not doubled
     everything = spark.read.format("delta").load(f"{app_config.tables.warehouse}/kb/drift_vec")
     assert everything.where("index_version = 2").count() == source.count() == 390
+
+
+def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_the_live_index(
+    spark: SparkSession, app_config: AppConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job moves from instance A to B and back (rebalances); B's build of version 2
+    # outlives B's ownership and ends only after A switched to its own version 2.
+    rng = random.Random(13)
+    path = cdf_source(spark, app_config, "kb", "moved", ROWS)
+    spark.createDataFrame([(i, vector(rng, i % 4), "a") for i in range(400)], ROWS).write.format(
+        "delta"
+    ).mode("append").save(path)  # v1
+    options = {
+        "key": ["id"],
+        "vector": "emb",
+        "lists": 4,
+        "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
+    }
+    a = consumer_for(spark, app_config, "moved", options)
+    b = consumer_for(spark, app_config, "moved", options)
+    a.snapshot(spark.read.format("delta").load(path), 1)
+    index = f"{app_config.tables.warehouse}/kb/moved_vec__index"
+    table = DeltaTable.forPath(spark, path)
+
+    def live() -> int:
+        return int(spark.read.format("delta").load(index).where("live").first()["index_version"])
+
+    def tail(consumer: VectorIndexConsumer, start: int) -> int:
+        at = latest_version(spark, path)
+        return consumer.apply_changes(changes(spark, path, start, at), start - 1, at)
+
+    gate, hold = threading.Event(), threading.Event()
+    build = VectorIndexConsumer._build
+
+    def gated(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("txn") is not None and hold.is_set():
+            hold.clear()
+            assert gate.wait(120)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(VectorIndexConsumer, "_build", gated)
+    builds_a, builds_b = BUILDS, Builds()
+    table.update(F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)})  # v2
+    assert tail(a, 2) == 100  # A starts building version 2, and finishes
+    assert builds_a.wait(timeout=120)
+
+    monkeypatch.setattr(vector_index, "BUILDS", builds_b)  # B owns the job now
+    hold.set()
+    table.delete(F.col("id").between(200, 209))  # v3
+    assert tail(b, 3) == 10  # B starts a build of version 2 of its own, held here
+    assert builds_b.get(b.context.txn_app_id) is not None and not builds_b.wait(timeout=0)
+
+    monkeypatch.setattr(vector_index, "BUILDS", builds_a)  # and A again
+    table.update(F.col("id").between(300, 309), {"emb": F.transform("emb", lambda x: -x)})  # v4
+    assert tail(a, 4) == 10  # A switches to its version 2
+    assert live() == 2
+    table.update(F.col("id") < 20, {"emb": F.transform("emb", lambda x: x + 1.0)})  # v5
+    assert tail(a, 5) == 20
+
+    gate.set()  # B's build writes its version 2 last
+    assert builds_b.wait(timeout=120)
+    assert_index_holds(
+        spark, app_config, "moved", spark.read.format("delta").load(path), ("id", "emb")
+    )
 
 
 def test_bad_vectors_fail_naming_keys_or_go_to_quarantine(

@@ -36,9 +36,10 @@ index, an inserted or updated vector goes to the nearest live centroid's list
 and its old posting goes. Then drift is measured; past a threshold of the
 ``retrain`` policy a new version is built in the background from the live
 postings (:mod:`.builds`) while tails go on against the live version; the
-first tail that finds it finished applies the changes made since and switches
-the pointer. The previous version stays until the next switch, so a reader
-that followed the old pointer still finds it whole.
+first tail that finds it finished fences it against other builds of its
+version, makes it equal to the live version and switches the pointer. The
+previous version stays until the next switch, so a reader that followed the
+old pointer still finds it whole.
 
 A NULL vector means "not indexed". A vector of the wrong dimension or holding
 a NaN, infinity or NULL element is a permanent error naming keys; with
@@ -186,10 +187,10 @@ def _shape(data: TableHandle | DataFrame) -> list[tuple[str, str]]:
 def _replacing(writer: Any, number: int, replace_all: bool) -> Any:
     """An overwrite of index version ``number``'s rows alone, or of the whole table.
 
-    One commit replaces the rows of an attempt a crash cut short, and two builds
-    of one version (a paused instance's, resumed after its slot moved, and its
-    new owner's) conflict instead of both landing: Delta fails the later of two
-    overwrites that read the same rows."""
+    One commit replaces the rows of an attempt a crash cut short. Of two builds
+    of one version writing at once (the job moved between instances), Delta
+    fails the later commit; one that writes after the version went live is
+    skipped by the switch's fence (``VectorIndexConsumer._fence``)."""
     if replace_all:
         return writer.option("overwriteSchema", "true")
     return writer.option("replaceWhere", f"index_version = {int(number)}")
@@ -365,7 +366,7 @@ class VectorIndexConsumer(Consumer):
         postings = self.target
         read_at = DeltaLogProbe(self.context.spark).latest_version(postings.location())
         assert read_at is not None
-        txn = {"txnAppId": f"{self.context.txn_app_id}-v{number}", "txnVersion": str(read_at)}
+        txn = {"txnAppId": self._build_app_id(number), "txnVersion": str(read_at)}
         # A session of its own: the worker's session goes on to other iterations, whose
         # session settings (transaction ids, MERGE options) the build must not see.
         session = self.context.spark.newSession()
@@ -395,37 +396,59 @@ class VectorIndexConsumer(Consumer):
     def _reconcile(
         self, build: Build, live_number: int, dimension: int, version: int
     ) -> IndexVersion:
-        """The finished build, with the changes the live version took since the build
-        read it applied to it too (one MERGE, once per ``version``)."""
+        """The finished build, fenced and then made equal to the live version as it is
+        now: one MERGE of every key whose row differs between the two.
+
+        The diff does not assume which build's rows the version holds: another
+        instance's build of the same version (the job moved away and back) may have
+        replaced them after this one wrote."""
         opts = self.options
-        postings = self.target
-
-        def at(reader: Any) -> DataFrame:
-            return (
-                postings.load(reader)
-                .where(F.col("index_version") == live_number)
-                .select(*opts.columns)
-            )
-
-        before = at(postings.reader().option("versionAsOf", build.read_at))
-        now = at(postings.reader())
+        after = self._fence(build.number)
+        built_rows, now = self._live_postings(build.number), self._live_postings(live_number)
         moved = (
-            now.exceptAll(before)
+            now.exceptAll(built_rows)
             .select(*opts.key)
-            .unionByName(before.exceptAll(now).select(*opts.key))
+            .unionByName(built_rows.exceptAll(now).select(*opts.key))
             .distinct()
         )
+        centroids = self._centroids(build.number)
         rows = moved.join(now, list(opts.key), "left")
-        source = self._assigned(rows, self._centroids(build.number), dimension).localCheckpoint()
+        source = self._assigned(rows, centroids, dimension).localCheckpoint()
         changed = int(source.count())
         if changed:
-            # an app id of its own: the build's ("-v<number>") counts postings versions
-            app_id = f"{self.context.txn_app_id}-v{build.number}-changes"
-            self._merge(postings, source, build.number, version, app_id=app_id)
-        built: IndexVersion = build.result
-        return self._measure(
-            replace(built, source_version=version, changed_rows=changed), recall=False
+            app_id = self._build_app_id(build.number)
+            self._merge(self.target, source, build.number, after, app_id=app_id)
+        lists = len(centroids)
+        built: IndexVersion = replace(
+            build.result,
+            lists=lists,
+            nprobe=min(opts.nprobe or ivf.default_nprobe(max(lists, 1)), max(lists, 1)),
+            source_version=version,
+            changed_rows=changed,
         )
+        return self._measure(built, recall=False)
+
+    def _build_app_id(self, number: int) -> str:
+        """The Delta transaction app id of background builds of index version ``number``;
+        its versions are postings table versions."""
+        return f"{self.context.txn_app_id}-v{number}"
+
+    def _fence(self, number: int) -> int:
+        """Make every build of index version ``number`` still under way anywhere skip
+        its writes, and return the transaction version the caller writes it at next.
+
+        A build left running by an instance that lost the job, or by an earlier owner,
+        read the postings before now; committing the builds' app id at the postings'
+        current version to the postings and the centroids makes Delta skip such a
+        build's later writes, and fail one in flight with a conflict."""
+        app_id = self._build_app_id(number)
+        at = DeltaLogProbe(self.context.spark).latest_version(self.target.location())
+        assert at is not None
+        for table in (self.target, self.beside(CENTROIDS)):
+            empty = self.context.spark.createDataFrame([], table.load(table.reader()).schema)
+            options = {"txnAppId": app_id, "txnVersion": str(at)}
+            table.save(empty.write.format("delta").mode("append").options(**options))
+        return at + 1
 
     # -- vectors in -----------------------------------------------------------------
 
@@ -612,11 +635,12 @@ class VectorIndexConsumer(Consumer):
         self, built: IndexVersion, previous: IndexVersion | None, version: int | None = None
     ) -> None:
         """Make ``built`` live in one commit, keep ``previous`` for readers in flight,
-        and drop the versions before it."""
+        and drop the versions before them (never a later one: an instance that lost
+        the job may still run this after its successor switched further)."""
         kept = [built] + ([replace(previous, live=False)] if previous is not None else [])
         self._write_index(kept, built.source_version if version is None else version)
         old = {v.index_version for v in kept}
-        stale = ~F.col("index_version").isin(sorted(old))
+        stale = ~F.col("index_version").isin(sorted(old)) & (F.col("index_version") < max(old))
         for table in (self.target, self.beside(CENTROIDS)):
             table.delta().delete(stale)
 

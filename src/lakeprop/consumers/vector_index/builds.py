@@ -3,9 +3,10 @@
 One build per job configuration (its Delta transaction app id) at a time, on a
 daemon thread of the service process: a crash or a shutdown loses it, and the
 next iteration that finds the index drifted starts it again (the rows it had
-written are replaced, never doubled). The tail iteration that finds a build
-finished applies the changes made since the build read the postings and
-switches the pointer (:class:`~lakeprop.consumers.vector_index.VectorIndexConsumer`).
+written are replaced, never doubled). A thread that outlives its process's
+ownership of the job runs on; the owner's switch fences it. The tail iteration
+that finds a build finished fences its version, makes it equal to the live one
+and switches the pointer (:class:`~lakeprop.consumers.vector_index.VectorIndexConsumer`).
 """
 
 from __future__ import annotations
