@@ -204,31 +204,53 @@ def test_a_selective_filter_probes_more_lists(spark: SparkSession, app_config: A
     assert len(search.search(vector(rng, 0), k=5, filter={"cat": "rare"}, max_nprobe=1)) < 5
 
 
+RETRAINING = {
+    "key": ["id"],
+    "vector": "emb",
+    "lists": 4,
+    "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
+}
+"""An index of four lists, re-trained once a fifth of its vectors changed."""
+
+
+class Drifting:
+    """A source of 400 vectors (version 1) indexed with :data:`RETRAINING`."""
+
+    def __init__(self, spark: SparkSession, config: AppConfig, name: str, seed: int) -> None:
+        rng = random.Random(seed)
+        self.spark, self.config, self.name = spark, config, name
+        self.path = cdf_source(spark, config, "kb", name, ROWS)
+        rows = [(i, vector(rng, i % 4), "a") for i in range(400)]
+        spark.createDataFrame(rows, ROWS).write.format("delta").mode("append").save(self.path)
+        self.table = DeltaTable.forPath(spark, self.path)
+        self.index = f"{config.tables.warehouse}/kb/{name}_vec__index"
+
+    def consumer(self) -> VectorIndexConsumer:
+        return consumer_for(self.spark, self.config, self.name, RETRAINING)
+
+    def source(self) -> DataFrame:
+        return self.spark.read.format("delta").load(self.path)
+
+    def live(self) -> int:
+        found = self.spark.read.format("delta").load(self.index).where("live").first()
+        return int(found["index_version"])
+
+    def tail(self, consumer: VectorIndexConsumer, start: int) -> int:
+        """Apply the source's versions from ``start`` to its latest."""
+        at = latest_version(self.spark, self.path)
+        return consumer.apply_changes(changes(self.spark, self.path, start, at), start - 1, at)
+
+
 def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     spark: SparkSession, app_config: AppConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rng = random.Random(11)
-    path = cdf_source(spark, app_config, "kb", "drift", ROWS)
-    spark.createDataFrame([(i, vector(rng, i % 4), "a") for i in range(400)], ROWS).write.format(
-        "delta"
-    ).mode("append").save(path)  # v1
-    options = {
-        "key": ["id"],
-        "vector": "emb",
-        "lists": 4,
-        "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
-    }
-    consumer = consumer_for(spark, app_config, "drift", options)
-    consumer.snapshot(spark.read.format("delta").load(path), 1)
-    index = f"{app_config.tables.warehouse}/kb/drift_vec__index"
-    table = DeltaTable.forPath(spark, path)
-
-    def live() -> int:
-        return int(spark.read.format("delta").load(index).where("live").first()["index_version"])
+    drift = Drifting(spark, app_config, "drift", 11)
+    consumer = drift.consumer()
+    consumer.snapshot(drift.source(), 1)
+    index, table, live = drift.index, drift.table, drift.live
 
     def tail(start: int) -> int:
-        at = latest_version(spark, path)
-        return consumer.apply_changes(changes(spark, path, start, at), start - 1, at)
+        return drift.tail(consumer, start)
 
     # a build waits at this gate, so that tails certainly run while it is under way
     gate = threading.Event()
@@ -247,9 +269,7 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     table.update(F.col("id").between(300, 309), {"emb": F.transform("emb", lambda x: -x)})  # v4
     assert tail(3) == 20  # applied to version 1 while 2 is being built
     assert live() == 1
-    assert_index_holds(
-        spark, app_config, "drift", spark.read.format("delta").load(path), ("id", "emb")
-    )
+    assert_index_holds(spark, app_config, "drift", drift.source(), ("id", "emb"))
     gate.set()
     assert BUILDS.wait(timeout=120)
 
@@ -263,7 +283,8 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     with pytest.raises(RuntimeError):
         tail(5)
     assert live() == 1
-    assert len(searcher(app_config, "drift", options).search(vector(rng, 1), k=5)) == 5
+    query = vector(random.Random(11), 1)
+    assert len(searcher(app_config, "drift", RETRAINING).search(query, k=5)) == 5
 
     # the repeated iteration starts the build again; the next one switches to it
     monkeypatch.setattr(VectorIndexConsumer, "_switch", switch)
@@ -275,7 +296,7 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     versions = spark.read.format("delta").load(index).orderBy("index_version").collect()
     assert [(v["index_version"], v["live"]) for v in versions] == [(1, False), (2, True)]
     assert versions[1]["built_because"].startswith("changed 0.")
-    source = spark.read.format("delta").load(path)
+    source = drift.source()
     assert_index_holds(spark, app_config, "drift", source, ("id", "emb"))
     # the rows of the first attempt were replaced, not doubled
     everything = spark.read.format("delta").load(f"{app_config.tables.warehouse}/kb/drift_vec")
@@ -287,29 +308,10 @@ def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_th
 ) -> None:
     # The job moves from instance A to B and back (rebalances); B's build of version 2
     # outlives B's ownership and ends only after A switched to its own version 2.
-    rng = random.Random(13)
-    path = cdf_source(spark, app_config, "kb", "moved", ROWS)
-    spark.createDataFrame([(i, vector(rng, i % 4), "a") for i in range(400)], ROWS).write.format(
-        "delta"
-    ).mode("append").save(path)  # v1
-    options = {
-        "key": ["id"],
-        "vector": "emb",
-        "lists": 4,
-        "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
-    }
-    a = consumer_for(spark, app_config, "moved", options)
-    b = consumer_for(spark, app_config, "moved", options)
-    a.snapshot(spark.read.format("delta").load(path), 1)
-    index = f"{app_config.tables.warehouse}/kb/moved_vec__index"
-    table = DeltaTable.forPath(spark, path)
-
-    def live() -> int:
-        return int(spark.read.format("delta").load(index).where("live").first()["index_version"])
-
-    def tail(consumer: VectorIndexConsumer, start: int) -> int:
-        at = latest_version(spark, path)
-        return consumer.apply_changes(changes(spark, path, start, at), start - 1, at)
+    moved = Drifting(spark, app_config, "moved", 13)
+    a, b = moved.consumer(), moved.consumer()
+    a.snapshot(moved.source(), 1)
+    table, live, tail = moved.table, moved.live, moved.tail
 
     gate, hold = threading.Event(), threading.Event()
     build = VectorIndexConsumer._build
@@ -341,9 +343,7 @@ def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_th
 
     gate.set()  # B's build writes its version 2 last
     assert builds_b.wait(timeout=120)
-    assert_index_holds(
-        spark, app_config, "moved", spark.read.format("delta").load(path), ("id", "emb")
-    )
+    assert_index_holds(spark, app_config, "moved", moved.source(), ("id", "emb"))
 
 
 def test_bad_vectors_fail_naming_keys_or_go_to_quarantine(
