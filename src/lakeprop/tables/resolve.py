@@ -54,9 +54,9 @@ class TableHandle:
 
     def exists(self) -> bool:
         if self.path is not None:
-            # Delta's answer comes from state the JVM keeps (its cached log, a file
-            # system check that counts any error as "no"); a "no" is checked against
-            # the log's files, so that a table with commits is never taken for missing.
+            # Delta once said "no" for a table whose log held a commit (a chaos round,
+            # cause not established); a "no" is checked against the log's files, so
+            # that a table with commits is never taken for missing.
             return bool(DeltaTable.isDeltaTable(self.spark, self.path)) or (
                 DeltaLogProbe(self.spark).latest_version(self.path) is not None
             )
