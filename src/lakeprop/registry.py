@@ -30,8 +30,8 @@ BUILT_INS = {
     "fulltext_index": "lakeprop.consumers.fulltext_index:FulltextIndexConsumer",
     "aggregate_view": "lakeprop.consumers.aggregate_view:AggregateViewConsumer",
     "kafka_changefeed": "lakeprop.consumers.kafka_changefeed:KafkaChangefeedConsumer",
-    "auto_cdc": "lakeprop.consumers.auto_cdc:AutoCdcConsumer",
-    "vector_index": "lakeprop.consumers.vector_index:VectorIndexConsumer",
+    "auto_cdc": "lakeprop.consumers.auto_cdc.consumer:AutoCdcConsumer",
+    "vector_index": "lakeprop.consumers.vector_index.consumer:VectorIndexConsumer",
 }
 
 _IMPORT_PATH = re.compile(

@@ -16,7 +16,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import lakeprop.consumers.vector_index as vector_index
+import lakeprop.consumers.vector_index.builds as vector_builds
 from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.lake import Lake
@@ -27,6 +27,7 @@ from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import VectorError, VectorIndexConsumer, ivf
 from lakeprop.consumers.vector_index.builds import BUILDS, Builds
+from lakeprop.consumers.vector_index.versions import IndexTables
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
@@ -254,14 +255,14 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
 
     # a build waits at this gate, so that tails certainly run while it is under way
     gate = threading.Event()
-    build = VectorIndexConsumer._build
+    build = VectorIndexConsumer.build
 
     def gated(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("txn") is not None:  # a background build, not a snapshot
             assert gate.wait(120)
         return build(self, *args, **kwargs)
 
-    monkeypatch.setattr(VectorIndexConsumer, "_build", gated)
+    monkeypatch.setattr(VectorIndexConsumer, "build", gated)
     table.update(F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)})  # v2
     assert tail(2) == 100  # a quarter changed: version 2 starts building
     assert BUILDS.get(consumer.context.txn_app_id) is not None
@@ -274,11 +275,11 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     assert BUILDS.wait(timeout=120)
 
     # the switch is cut short: version 1 still serves, and serves everything
-    def crash(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> None:
+    def crash(self: IndexTables, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed before the switch")
 
-    switch = VectorIndexConsumer._switch
-    monkeypatch.setattr(VectorIndexConsumer, "_switch", crash)
+    switch = IndexTables.switch
+    monkeypatch.setattr(IndexTables, "switch", crash)
     table.update(F.col("id") == 5, {"emb": F.transform("emb", lambda x: x + 1.0)})  # v5
     with pytest.raises(RuntimeError):
         tail(5)
@@ -287,7 +288,7 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     assert len(searcher(app_config, "drift", RETRAINING).search(query, k=5)) == 5
 
     # the repeated iteration starts the build again; the next one switches to it
-    monkeypatch.setattr(VectorIndexConsumer, "_switch", switch)
+    monkeypatch.setattr(IndexTables, "switch", switch)
     assert tail(5) == 1
     assert BUILDS.wait(timeout=120)
     table.update(F.col("id") == 6, {"emb": F.transform("emb", lambda x: x + 1.0)})  # v6
@@ -314,7 +315,7 @@ def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_th
     table, live, tail = moved.table, moved.live, moved.tail
 
     gate, hold = threading.Event(), threading.Event()
-    build = VectorIndexConsumer._build
+    build = VectorIndexConsumer.build
 
     def gated(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("txn") is not None and hold.is_set():
@@ -322,19 +323,19 @@ def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_th
             assert gate.wait(120)
         return build(self, *args, **kwargs)
 
-    monkeypatch.setattr(VectorIndexConsumer, "_build", gated)
+    monkeypatch.setattr(VectorIndexConsumer, "build", gated)
     builds_a, builds_b = BUILDS, Builds()
     table.update(F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)})  # v2
     assert tail(a, 2) == 100  # A starts building version 2, and finishes
     assert builds_a.wait(timeout=120)
 
-    monkeypatch.setattr(vector_index, "BUILDS", builds_b)  # B owns the job now
+    monkeypatch.setattr(vector_builds, "BUILDS", builds_b)  # B owns the job now
     hold.set()
     table.delete(F.col("id").between(200, 209))  # v3
     assert tail(b, 3) == 10  # B starts a build of version 2 of its own, held here
     assert builds_b.get(b.context.txn_app_id) is not None and not builds_b.wait(timeout=0)
 
-    monkeypatch.setattr(vector_index, "BUILDS", builds_a)  # and A again
+    monkeypatch.setattr(vector_builds, "BUILDS", builds_a)  # and A again
     table.update(F.col("id").between(300, 309), {"emb": F.transform("emb", lambda x: -x)})  # v4
     assert tail(a, 4) == 10  # A switches to its version 2
     assert live() == 2

@@ -5,17 +5,27 @@ daemon thread of the service process: a crash or a shutdown loses it, and the
 next iteration that finds the index drifted starts it again (the rows it had
 written are replaced, never doubled). A thread that outlives its process's
 ownership of the job runs on; the owner's switch fences it. The tail iteration
-that finds a build finished fences its version, makes it equal to the live one
-and switches the pointer (:class:`~lakeprop.consumers.vector_index.VectorIndexConsumer`).
+that finds a build finished fences its version (:func:`fence`), makes it equal
+to the live one (:func:`reconcile`) and switches the pointer.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop.consumers.base import ConsumerContext
+from lakeprop.consumers.vector_index import ivf
+from lakeprop.consumers.vector_index.options import VectorOptions
+from lakeprop.consumers.vector_index.versions import CENTROIDS, IndexTables, IndexVersion
+from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import TableHandle
 
 log = logging.getLogger("lakeprop.vector_index")
 
@@ -79,3 +89,128 @@ class Builds:
 
 BUILDS = Builds()
 """This process's builds."""
+
+
+class IndexWriter(Protocol):
+    """What a build needs of the consumer: its tables, and how it builds, assigns
+    and MERGEs (:class:`~.consumer.VectorIndexConsumer`)."""
+
+    context: ConsumerContext
+    options: VectorOptions
+    tables: IndexTables
+
+    def build(
+        self,
+        vectors: DataFrame,
+        rows: int | None,
+        dimension: int,
+        number: int,
+        version: int,
+        because: str,
+        *,
+        fresh: bool = False,
+        txn: Mapping[str, str] | None = None,
+    ) -> IndexVersion: ...
+
+    def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame: ...
+
+    def merge(
+        self,
+        postings: TableHandle,
+        source: DataFrame,
+        number: int,
+        version: int,
+        app_id: str | None = None,
+    ) -> None: ...
+
+    def on_session(self, session: SparkSession) -> IndexWriter: ...
+
+
+def build_app_id(writer: IndexWriter, number: int) -> str:
+    """The Delta transaction app id of background builds of index version ``number``;
+    its versions are postings table versions."""
+    return f"{writer.context.txn_app_id}-v{number}"
+
+
+def start(writer: IndexWriter, number: int, dimension: int, because: str) -> None:
+    """Build index version ``number`` from the live postings as they are now, on a
+    thread of its own: tails go on against the live version meanwhile."""
+    context = writer.context
+    postings = writer.tables.postings
+    read_at = DeltaLogProbe(context.spark).latest_version(postings.location())
+    assert read_at is not None
+    txn = {"txnAppId": build_app_id(writer, number), "txnVersion": str(read_at)}
+    # A session of its own: the worker's session goes on to other iterations, whose
+    # session settings (transaction ids, MERGE options) the build must not see.
+    builder = writer.on_session(context.spark.newSession())
+
+    def work() -> IndexVersion:
+        builder.context.spark.sparkContext.setJobGroup(
+            f"lakeprop-index-build-{context.job_id}", f"index version {number}"
+        )
+        source = builder.tables.postings
+        vectors = (
+            source.load(source.reader().option("versionAsOf", read_at))
+            .where(F.col("index_version") == number - 1)
+            .select(*writer.options.columns)
+        )
+        return builder.build(vectors, None, dimension, number, read_at, because, txn=txn)
+
+    log.info("building index version %s of %s: %s", number, postings, because)
+    BUILDS.start(context.txn_app_id, Build(number, read_at, because), work)
+
+
+def fence(writer: IndexWriter, number: int) -> int:
+    """Make every build of index version ``number`` still under way anywhere skip
+    its writes, and return the transaction version the caller writes it at next.
+
+    A build left running by an instance that lost the job, or by an earlier owner,
+    read the postings before now; committing the builds' app id at the postings'
+    current version to the postings and the centroids makes Delta skip such a
+    build's later writes, and fail one in flight with a conflict."""
+    app_id = build_app_id(writer, number)
+    spark = writer.context.spark
+    postings = writer.tables.postings
+    at = DeltaLogProbe(spark).latest_version(postings.location())
+    assert at is not None
+    for table in (postings, writer.tables.beside(CENTROIDS)):
+        empty = spark.createDataFrame([], table.load(table.reader()).schema)
+        options = {"txnAppId": app_id, "txnVersion": str(at)}
+        table.save(empty.write.format("delta").mode("append").options(**options))
+    return at + 1
+
+
+def reconcile(
+    writer: IndexWriter, build: Build, live_number: int, dimension: int, version: int
+) -> IndexVersion:
+    """The finished build, fenced and then made equal to the live version as it is
+    now: one MERGE of every key whose row differs between the two.
+
+    The diff does not assume which build's rows the version holds: another
+    instance's build of the same version (the job moved away and back) may have
+    replaced them after this one wrote."""
+    opts, tables = writer.options, writer.tables
+    after = fence(writer, build.number)
+    built_rows, now = tables.live_postings(build.number), tables.live_postings(live_number)
+    moved = (
+        now.exceptAll(built_rows)
+        .select(*opts.key)
+        .unionByName(built_rows.exceptAll(now).select(*opts.key))
+        .distinct()
+    )
+    centroids = tables.centroids(build.number)
+    rows = moved.join(now, list(opts.key), "left")
+    source = writer.assigned(rows, centroids, dimension).localCheckpoint()
+    changed = int(source.count())
+    if changed:
+        app_id = build_app_id(writer, build.number)
+        writer.merge(tables.postings, source, build.number, after, app_id=app_id)
+    lists = len(centroids)
+    built: IndexVersion = replace(
+        build.result,
+        lists=lists,
+        nprobe=min(opts.nprobe or ivf.default_nprobe(max(lists, 1)), max(lists, 1)),
+        source_version=version,
+        changed_rows=changed,
+    )
+    return tables.measure(built, recall=False)

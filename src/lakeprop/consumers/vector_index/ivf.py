@@ -17,13 +17,46 @@ A vector goes to the list of its nearest centroid by the same metric (for
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 Vectors = npt.NDArray[np.float32]
 METRICS = ("l2", "cosine", "inner_product")
+
+
+def vector_array(vectors: Any, dimension: int) -> Vectors:
+    """An Arrow list column of equal-length vectors (no NULLs) as an ``(n, d)`` array."""
+    flat = vectors.flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype=np.float32).reshape(-1, dimension)
+
+
+def assigner(
+    centroids: Vectors, metric: str, column: str, dimension: int
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``mapInArrow`` function adding ``list_id``: the nearest centroid of each
+    non-NULL vector, -1 for a NULL one (a delete)."""
+
+    def assign_batches(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        for batch in batches:
+            vectors = batch.column(column)
+            ids = np.full(batch.num_rows, -1, dtype=np.int32)
+            valid = pc.is_valid(vectors).to_numpy(zero_copy_only=False)
+            if valid.any():
+                present = vector_array(vectors.filter(pa.array(valid)), dimension)
+                ids[valid] = assign(present, centroids, metric) if len(centroids) else 0
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, pa.array(ids, pa.int32())],
+                names=[*batch.schema.names, "list_id"],
+            )
+
+    return assign_batches
 
 
 def unit(vectors: Vectors) -> Vectors:

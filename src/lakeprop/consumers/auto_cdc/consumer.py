@@ -1,0 +1,249 @@
+"""The ``auto_cdc`` consumer: prepared events applied as SCD type 1 or 2, the
+tables kept next to the target, and the target's schema following the source's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from lakeprop.consumers.auto_cdc import events as ev
+from lakeprop.consumers.auto_cdc import expressions, options, schema
+from lakeprop.consumers.auto_cdc.options import (
+    COLUMN_SEQUENCES,
+    END_AT,
+    SEQUENCE,
+    START_AT,
+    CdcOptions,
+)
+from lakeprop.consumers.auto_cdc.scd1 import Scd1, conflict_error
+from lakeprop.consumers.auto_cdc.scd2 import Scd2
+from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.spec import target_table
+from lakeprop.tables.resolve import TableHandle
+
+TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
+"""Suffixes of the tables next to the target."""
+
+
+def sql_ref(table: TableHandle) -> str:
+    """The table as Spark SQL names it."""
+    if table.path is not None:
+        return "delta.`" + table.path.replace("`", "``") + "`"
+    return str(table.name)
+
+
+class AutoCdcConsumer(Consumer):
+    """Change events to an SCD type 1 or 2 Delta table (see the module docstring)."""
+
+    @classmethod
+    def validate_options(cls, raw: Mapping[str, Any]) -> dict[str, Any]:
+        return options.validate(raw)
+
+    @classmethod
+    def source_columns(cls, validated: Mapping[str, Any]) -> list[str]:
+        return options.source_columns(validated)
+
+    @classmethod
+    def check_source(
+        cls, validated: Mapping[str, Any], source: StructType, spark: SparkSession
+    ) -> None:
+        expressions.check_source(CdcOptions.of(validated), source, spark)
+
+    @classmethod
+    def key_columns(cls, validated: Mapping[str, Any]) -> list[str]:
+        return list(validated["keys"])
+
+    def __init__(self, context: ConsumerContext) -> None:
+        super().__init__(context)
+        self.options = CdcOptions.of(context.options)
+        database, table = target_table(context.key, context.options)
+        self._names = (database, table)
+        self.source_name = f"{context.key.database}.{context.key.table}"
+
+    def beside(self, suffix: str) -> TableHandle:
+        """A table next to the target: its tombstones, event store or quarantine."""
+        database, table = self._names
+        return self.context.locate(database, f"{table}{suffix}")
+
+    # -- the contract ---------------------------------------------------------------
+
+    def snapshot(self, rows: DataFrame, version: int) -> int:
+        columns = self.options.target_columns(rows.columns)
+        if self.options.table_source:
+            raw = ev.table_snapshot(rows, self.options, columns, self._sequence_at(version))
+        else:
+            raw = ev.raw_events(rows, self.options, columns)
+        prepared = ev.prepare(raw, self.options, self.source_name, -1, version)
+        self._quarantine(prepared, version, rows.columns, overwrite=True)
+        key_fields = [rows.schema[k] for k in self.options.keys]
+        if self.options.scd_type == 1:
+            return self._snapshot_scd1(prepared, columns, key_fields, version)
+        return self._snapshot_scd2(prepared, columns, version)
+
+    def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        target = self.require_target()
+        rows = self.context.change_rows
+        if rows == 0 or (rows is None and changes.isEmpty()):
+            return 0
+        columns = self.options.target_columns(changes.columns)
+        if self.options.table_source:
+            raw = ev.table_changes(changes, self.options, columns)
+        else:
+            raw = ev.raw_events(changes, self.options, columns)
+        prepared = ev.prepare(raw, self.options, self.source_name, from_version, to_version)
+        self._quarantine(prepared, to_version, changes.columns, overwrite=False)
+        self._evolve(target, prepared.frame, columns)
+        if self.options.scd_type == 1:
+            return self._apply_scd1(target, prepared, columns, to_version)
+        return self._apply_scd2(target, prepared, columns, to_version)
+
+    # -- SCD type 1 --------------------------------------------------------------------
+
+    def _scd1(self, columns: list[str], prepared: ev.Events) -> Scd1:
+        return Scd1(self.options, self.options.keys, columns, prepared.seq_type)
+
+    def _snapshot_scd1(
+        self, prepared: ev.Events, columns: list[str], key_fields: list[StructField], version: int
+    ) -> int:
+        scd = self._scd1(columns, prepared)
+        resets = scd.resets(prepared, None)
+        data = scd.new_rows(scd.source(prepared, resets))
+        self._create(self.target, data, version)
+        tombstones = scd.tombstones(scd.source(prepared, resets), resets, self.context.spark)
+        typed = tombstones.select(
+            *[F.col(f.name).cast(f.dataType) for f in scd.tombstone_schema(key_fields).fields]
+        )
+        self._create(self.beside(TOMBSTONES), typed, version)
+        return int(data.count())
+
+    def _apply_scd1(
+        self, target: TableHandle, prepared: ev.Events, columns: list[str], version: int
+    ) -> int:
+        scd = self._scd1(columns, prepared)
+        tombstones = self.beside(TOMBSTONES)
+        held = tombstones.load(tombstones.reader())
+        resets = scd.resets(prepared, held)
+        bounds = [] if resets.new_truncate else self.context.in_change_range(self.options.keys, "t")
+        # held: the MERGE reads it twice, and it joins the tombstones (a Delta table)
+        source = scd.source(prepared, resets).localCheckpoint()
+        merge = scd.merge(target.delta(), source, resets, bounds)
+        with self.context.idempotent(version), self.context.merging_held():
+            try:
+                metrics = merge.execute().first()
+            except Exception as exc:
+                error = conflict_error(exc, self.source_name)
+                if error is None:
+                    raise
+                raise error from None
+        if prepared.deletes or resets.new_truncate:  # else there is nothing to remember
+            added = scd.tombstones(source, resets, self.context.spark)
+            writer = (
+                added.write.format("delta")
+                .mode("append")
+                .options(**self.context.writer_options(version))
+            )
+            tombstones.save(writer)
+            expired = scd.expired(held, self.options.tombstone_retention)
+            if held.where(expired).limit(1).count():
+                tombstones.delta().delete(expired)
+        return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    # -- SCD type 2 --------------------------------------------------------------------
+
+    def _scd2(self, columns: list[str]) -> Scd2:
+        return Scd2(self.options, self.options.keys, columns, self.options.tracked(columns))
+
+    def _snapshot_scd2(self, prepared: ev.Events, columns: list[str], version: int) -> int:
+        scd = self._scd2(columns)
+        self._create(self.beside(EVENTS), scd.stored(prepared.frame), version)
+        versions = scd.fold(prepared.frame)
+        self._create(self.target, versions, version)
+        return int(versions.count())
+
+    def _apply_scd2(
+        self, target: TableHandle, prepared: ev.Events, columns: list[str], version: int
+    ) -> int:
+        scd = self._scd2(columns)
+        store = self.beside(EVENTS)
+        bounds = self.context.in_change_range(self.options.keys, "t")
+        touched = prepared.frame.select(*self.options.keys).distinct()
+        stored = store.load(store.reader()).join(touched, list(self.options.keys))
+        new = scd.new_events(prepared.frame, stored, self.source_name).localCheckpoint()
+        if new.isEmpty():
+            return 0  # every event applied already (a replayed range)
+        every = scd.as_events(stored).unionByName(new)
+        current = target.load(target.reader()).join(touched, list(self.options.keys))
+        changes = scd.changes(scd.fold(every), current).localCheckpoint()
+        with self.context.idempotent(version), self.context.merging_held():
+            metrics = scd.merge(target.delta(), changes, bounds).execute().first()
+        writer = (
+            scd.stored(new)
+            .write.format("delta")
+            .mode("append")
+            .options(**self.context.writer_options(version))
+        )
+        store.save(writer)
+        return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    # -- chores ----------------------------------------------------------------------
+
+    def _sequence_at(self, version: int) -> Any:
+        """A table source's sequence of its snapshot: the version, or its commit time."""
+        if self.options.sequence_by[0] == options.COMMIT_VERSION:
+            return version
+        source = self.context.locate(self.context.key.database, self.context.key.table)
+        found = source.delta().history().where(F.col("version") == version).first()
+        return None if found is None else found["timestamp"]
+
+    def _create(self, table: TableHandle, data: DataFrame, version: int) -> None:
+        """Replace ``table`` with ``data`` once per version, its change feed on."""
+        writer = (
+            data.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .option("delta.enableChangeDataFeed", "true")
+            .options(**self.context.writer_options(version))
+        )
+        table.save(writer)
+
+    def _quarantine(
+        self, prepared: ev.Events, version: int, source_columns: list[str], *, overwrite: bool
+    ) -> None:
+        """Rows with a NULL key or sequence, with the reason and their source version."""
+        table = self.beside(QUARANTINE)
+        if prepared.quarantined is None:
+            if overwrite and table.exists():
+                empty = table.load(table.reader()).limit(0)
+                self._create(table, empty, version)
+            return
+        del source_columns
+        rows = prepared.quarantined.select(
+            *[c for c in prepared.quarantined.columns if c not in (ev.OP,)],
+        ).withColumn("__source_version", F.lit(version).cast("long"))
+        writer = (
+            rows.write.format("delta")
+            .mode("overwrite" if overwrite else "append")
+            .option("mergeSchema", "true")
+            .options(**self.context.writer_options(version))
+        )
+        table.save(writer)
+
+    def _evolve(self, target: TableHandle, events: DataFrame, columns: list[str]) -> None:
+        """The target (and the event store) follow the source's columns."""
+        spark = self.context.spark
+        wanted = StructType([events.schema[c] for c in (*self.options.keys, *columns)])
+        have = target.load(target.reader()).schema
+        mirrored = [COLUMN_SEQUENCES] if self.options.ignore_null_updates else []
+        kept = StructType(
+            [f for f in have.fields if f.name not in (SEQUENCE, COLUMN_SEQUENCES, START_AT, END_AT)]
+        )
+        schema.evolve(spark, sql_ref(target), kept, wanted, mirrored)
+        if self.options.scd_type == 2:
+            store = self.beside(EVENTS)
+            held = store.load(store.reader()).schema
+            kept = StructType([f for f in held.fields if not f.name.startswith("__")])
+            schema.evolve(spark, sql_ref(store), kept, wanted, what="event store")

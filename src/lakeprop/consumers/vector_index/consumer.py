@@ -1,0 +1,396 @@
+"""The ``vector_index`` consumer: the contract, the vectors in, and the MERGE.
+
+A **snapshot** trains the centroids on a sample in the driver (numpy k-means),
+assigns every vector to its list on the executors (``mapInArrow``), writes
+the new version's postings and centroids, and then switches the pointer in one
+commit. A **tail** applies the last change of each key with one MERGE into
+the live version: a deleted key (or one whose vector became NULL) leaves the
+index, an inserted or updated vector goes to the nearest live centroid's list
+and its old posting goes. Then drift is measured; past a threshold of the
+``retrain`` policy a new version is built in the background from the live
+postings (:mod:`.builds`) while tails go on against the live version; the
+first tail that finds it finished fences it against other builds of its
+version, makes it equal to the live version and switches the pointer. The
+previous version stays until the next switch, so a reader that followed the
+old pointer still finds it whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import reduce
+from typing import Any
+
+import numpy as np
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    StructField,
+    StructType,
+)
+
+from lakeprop.consumers.base import TXN_APP_ID, TXN_VERSION, Consumer, ConsumerContext
+from lakeprop.consumers.vector_index import builds, ivf
+from lakeprop.consumers.vector_index.options import NAME, VectorOptions, validate
+from lakeprop.consumers.vector_index.versions import (
+    QUARANTINE,
+    IndexTables,
+    IndexVersion,
+    replacing,
+    shape,
+)
+from lakeprop.errors import (
+    ErrorCode,
+    InvalidConsumerOptionsError,
+    PermanentError,
+    TemporaryError,
+)
+from lakeprop.faults import fault_point
+from lakeprop.tables.resolve import TableHandle
+
+REASON = "__reason"
+SAMPLE_PER_LIST = 128
+MAX_SAMPLE = 200_000
+EXAMPLES = 10
+BUILD_WAIT = 600.0
+"""Seconds a snapshot waits for a build of the job's earlier configuration to end."""
+
+
+class VectorError(PermanentError):
+    """Vectors that cannot be indexed: the range is not written."""
+
+    default_code = ErrorCode.CONSUMER_FAILED
+
+
+class VectorIndexConsumer(Consumer):
+    """An IVF index of a vector column: postings by list, centroids, a version pointer."""
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        return validate(options)
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return VectorOptions.of(options).columns
+
+    @classmethod
+    def check_source(
+        cls, options: Mapping[str, Any], schema: StructType, spark: SparkSession
+    ) -> None:
+        vector = VectorOptions.of(options).vector
+        found = {f.name.lower(): f for f in schema.fields}[vector.lower()]
+        data_type = found.dataType
+        if not (
+            isinstance(data_type, ArrayType)
+            and isinstance(data_type.elementType, FloatType | DoubleType)
+        ):
+            raise InvalidConsumerOptionsError(
+                f"{NAME} vector column {vector!r} is {data_type.simpleString()}; it must be "
+                "array<float> or array<double>"
+            )
+
+    @classmethod
+    def key_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        return list(options["key"])
+
+    def __init__(self, context: ConsumerContext) -> None:
+        super().__init__(context)
+        self.options = VectorOptions.of(context.options)
+        self.tables = IndexTables(context, self.options)
+
+    def on_session(self, session: SparkSession) -> VectorIndexConsumer:
+        """The same consumer on another session (a background build's own)."""
+        locate = self.context.locate
+        return type(self)(
+            dataclasses.replace(
+                self.context,
+                spark=session,
+                locate=lambda d, t: dataclasses.replace(locate(d, t), spark=session),
+            )
+        )
+
+    # -- the contract ---------------------------------------------------------------
+
+    def snapshot(self, rows: DataFrame, version: int) -> int:
+        opts = self.options
+        if not builds.BUILDS.wait(f"lakeprop-{self.context.job_id}-", BUILD_WAIT):
+            raise TemporaryError(
+                f"{NAME}: a build of an earlier configuration of job {self.context.job_id} "
+                f"still runs after {BUILD_WAIT:.0f}s; the snapshot waits for it"
+            )
+        previous = self.tables.versions()
+        live = next((v for v in previous if v.live), None)
+        if live is not None and (live.trained_source_version, live.built_by) == (
+            version,
+            self.context.txn_app_id,
+        ):
+            return live.trained_rows  # built and switched to before a crash
+        rows = rows.select(*opts.columns)
+        dimension = opts.dimension or self._common_dimension(rows)
+        good = self._checked(rows, dimension, version, version)
+        number = (live.index_version + 1) if live is not None else 1
+        built = self.build(good, None, dimension, number, version, "snapshot", fresh=True)
+        self.tables.switch(built, live)
+        return built.trained_rows
+
+    def _common_dimension(self, rows: DataFrame) -> int:
+        """The most common length of the vectors in ``rows`` (0 when there are none)."""
+        vector = self.options.vector
+        sizes = {
+            r["d"]: r["n"]
+            for r in rows.where(F.col(vector).isNotNull())
+            .groupBy(F.size(vector).alias("d"))
+            .agg(F.count("*").alias("n"))
+            .collect()
+        }
+        return max(sizes, key=lambda d: (sizes[d], -d)) if sizes else 0
+
+    def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        opts, tables = self.options, self.tables
+        versions = tables.versions()
+        live = next((v for v in versions if v.live), None)
+        postings = self.require_target()
+        if live is None:
+            raise PermanentError(
+                f"{NAME} index {postings} has no live version; resync the job to rebuild it",
+                ErrorCode.TARGET_MISSING,
+            )
+        if live.source_version >= to_version:
+            return 0  # applied before a crash: the pointer is written last
+        latest = self.context.latest_changes(changes, opts.key)
+        latest = latest.withColumn(
+            opts.vector,
+            F.when(F.col("_change_type") != "delete", F.col(opts.vector)),
+        ).select(*opts.columns)
+        dimension = live.dimension or opts.dimension or 0
+        if not dimension:  # an index still empty learns its dimension from its first vectors
+            first = latest.where(F.col(opts.vector).isNotNull()).select(F.size(opts.vector)).first()
+            dimension = int(first[0]) if first is not None else 0
+        source = self.assigned(
+            self._checked(latest, dimension, from_version + 1, to_version, keep_deletes=True),
+            tables.centroids(live.index_version),
+            dimension,
+        ).localCheckpoint()
+        written = int(source.count())
+        if written:
+            self.merge(postings, source, live.index_version, to_version)
+        updated = replace(
+            live,
+            dimension=dimension,
+            source_version=to_version,
+            changed_rows=live.changed_rows + written,
+            iterations=live.iterations + 1,
+        )
+        measured = tables.measure(updated)
+        reasons = opts.retrain.reasons(measured.drift())
+        if live.lists == 0 and written:
+            reasons = ["untrained"]
+        app_id = self.context.txn_app_id
+        build = builds.BUILDS.get(app_id)
+        if build is not None and build.done:
+            builds.BUILDS.forget(app_id)
+            if build.error is None and build.number == live.index_version + 1:
+                built = builds.reconcile(self, build, live.index_version, dimension, to_version)
+                tables.switch(built, replace(measured, live=False), to_version)
+                return written
+            build = None  # failed, or of a version switched to since: start again if need be
+        if reasons and build is None:
+            builds.start(self, live.index_version + 1, dimension, "; ".join(reasons))
+        tables.write_index([measured, *(v for v in versions if not v.live)], to_version)
+        return written
+
+    # -- vectors in -----------------------------------------------------------------
+
+    def _checked(
+        self,
+        rows: DataFrame,
+        dimension: int,
+        first_version: int,
+        version: int,
+        *,
+        keep_deletes: bool = False,
+    ) -> DataFrame:
+        """The rows whose vectors can be indexed, cast to ``array<float>`` (unit length
+        for ``cosine``); a bad vector is an error naming keys, or with ``quarantine``
+        its row goes to the quarantine table (and its key, as a NULL vector, leaves
+        the index). NULL vectors are dropped, or kept with ``keep_deletes``."""
+        opts = self.options
+        vector = F.col(opts.vector)
+        reason = (
+            F.when(vector.isNull(), F.lit(None))
+            .when(
+                F.size(vector) != F.lit(dimension),
+                F.concat(
+                    F.lit("dimension "), F.size(vector).cast("string"), F.lit(f", not {dimension}")
+                ),
+            )
+            .when(
+                F.exists(
+                    vector, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == F.lit(float("inf")))
+                ),
+                F.lit("a NaN, infinite or NULL element"),
+            )
+        )
+        checked = rows.withColumn(REASON, reason)
+        bad = checked.where(F.col(REASON).isNotNull())
+        examples = bad.select(*opts.key, REASON).limit(EXAMPLES).collect()
+        self._quarantine(bad, version, bool(examples))
+        if examples and not opts.quarantine:
+            named = [{**{k: r[k] for k in opts.key}, "reason": r[REASON]} for r in examples]
+            raise VectorError(
+                f"{NAME}: vectors of versions {first_version}..{version} cannot be indexed, e.g. "
+                f"{named}; fix the source, or register the job with quarantine: true to set "
+                "such rows aside"
+            )
+        cleaned = F.when(F.col(REASON).isNull(), vector.cast(ArrayType(FloatType())))
+        if opts.metric == "cosine":
+            norm = F.sqrt(F.aggregate(cleaned, F.lit(0.0), lambda acc, x: acc + x * x))
+            cleaned = F.when(norm > 0, F.transform(cleaned, lambda x: (x / norm).cast("float")))
+            cleaned = F.coalesce(
+                cleaned, F.when(F.col(REASON).isNull(), vector.cast(ArrayType(FloatType())))
+            )
+        out = checked.withColumn(opts.vector, cleaned).drop(REASON)
+        return out if keep_deletes else out.where(F.col(opts.vector).isNotNull())
+
+    def _quarantine(self, bad: DataFrame, version: int, found: bool) -> None:
+        if not (found and self.options.quarantine):
+            return
+        writer = (
+            bad.withColumn("__source_version", F.lit(version).cast("long"))
+            .write.format("delta")
+            .mode("append")
+            .option("mergeSchema", "true")
+            .options(**self.context.writer_options(version))
+        )
+        self.tables.beside(QUARANTINE).save(writer)
+
+    def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame:
+        """``rows`` with ``list_id``: the nearest centroid (-1 for a NULL vector)."""
+        opts = self.options
+        schema = StructType([*rows.schema.fields, StructField("list_id", IntegerType(), False)])
+        return rows.mapInArrow(ivf.assigner(centroids, opts.metric, opts.vector, dimension), schema)
+
+    # -- building a version, and the MERGE --------------------------------------------
+
+    def build(
+        self,
+        vectors: DataFrame,
+        rows: int | None,
+        dimension: int,
+        number: int,
+        version: int,
+        because: str,
+        *,
+        fresh: bool = False,
+        txn: Mapping[str, str] | None = None,
+    ) -> IndexVersion:
+        """Train, assign and write index version ``number`` (not live yet), once per
+        ``txn`` (default: the snapshot's, by source version)."""
+        opts, tables = self.options, self.tables
+        if rows is None:
+            rows = int(vectors.count())
+        lists = min(opts.lists or ivf.default_lists(rows), max(rows, 1)) if rows else 0
+        build_txn = dict(
+            txn or {"txnAppId": f"{self.context.txn_app_id}-build", "txnVersion": str(version)}
+        )
+        centroids = tables.trained(number, build_txn)
+        if centroids is not None:
+            lists = len(centroids)
+        elif lists:
+            wanted = min(MAX_SAMPLE, lists * SAMPLE_PER_LIST)
+            fraction = min(1.0, 1.1 * wanted / rows)
+            sample = vectors.sample(fraction=fraction, seed=number).select(opts.vector)
+            table = sample.limit(wanted).toArrow()
+            drawn = ivf.vector_array(table.column(0).combine_chunks(), dimension)
+            centroids = ivf.train(drawn, lists, opts.metric, seed=number)
+            lists = len(centroids)
+        else:
+            centroids = np.empty((0, dimension), dtype=np.float32)
+        postings = tables.postings
+        ordered = self.assigned(vectors, centroids, dimension).select(
+            F.lit(number).cast("long").alias("index_version"), "list_id", *opts.columns
+        )
+        replace_all = fresh and (not postings.exists() or shape(postings) != shape(ordered))
+        tables.write_centroids(number, centroids, build_txn, replace_all)
+        if not tables.done(postings, build_txn):
+            writer = (
+                ordered.write.format("delta")
+                .partitionBy("index_version", "list_id")
+                .mode("overwrite")
+                .options(**build_txn)
+            )
+            postings.save(replacing(writer, number, replace_all or not postings.exists()))
+        fault_point("index.written")
+        built = IndexVersion(
+            index_version=number,
+            live=True,
+            metric=opts.metric,
+            dimension=dimension,
+            lists=lists,
+            nprobe=min(opts.nprobe or ivf.default_nprobe(max(lists, 1)), max(lists, 1)),
+            trained_rows=rows,
+            trained_source_version=version,
+            source_version=version,
+            built_because=because,
+            built_by=self.context.txn_app_id,
+        )
+        return tables.measure(built, recall=True)
+
+    @contextmanager
+    def _transaction(self, app_id: str | None, version: int) -> Iterator[None]:
+        """Delta writes inside happen once per (``app_id``, ``version``); the job's
+        own app id by default (``ConsumerContext.idempotent``)."""
+        if app_id is None:
+            with self.context.idempotent(version):
+                yield
+            return
+        conf = self.context.spark.conf
+        conf.set(TXN_APP_ID, app_id)
+        conf.set(TXN_VERSION, str(version))
+        try:
+            yield
+        finally:
+            conf.unset(TXN_APP_ID)
+            conf.unset(TXN_VERSION)
+
+    def merge(
+        self,
+        postings: TableHandle,
+        source: DataFrame,
+        number: int,
+        version: int,
+        app_id: str | None = None,
+    ) -> None:
+        """MERGE ``source`` (keys with their ``list_id``; a NULL vector deletes) into
+        index version ``number`` of the postings, once per (app id, ``version``)."""
+        opts = self.options
+        matched = [F.col(f"t.{k}") == F.col(f"s.{k}") for k in opts.key]
+        on: Column = reduce(
+            lambda a, b: a & b,
+            [*matched, F.col("t.index_version") == F.lit(number)],
+        )
+        kept = ["list_id", opts.vector, *opts.include]
+        deleted = F.col(f"s.{opts.vector}").isNull()
+        with self._transaction(app_id, version), self.context.merging_held():
+            (
+                postings.delta()
+                .alias("t")
+                .merge(source.alias("s"), on)
+                .whenMatchedDelete(condition=deleted)
+                .whenMatchedUpdate(set={c: F.col(f"s.{c}") for c in kept})
+                .whenNotMatchedInsert(
+                    condition=~deleted,
+                    values={
+                        "index_version": F.lit(number).cast("long"),
+                        **{c: F.col(f"s.{c}") for c in [*opts.key, *kept]},
+                    },
+                )
+                .execute()
+            )
