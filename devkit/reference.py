@@ -26,8 +26,8 @@ from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from lakeprop import cli
 from lakeprop import config as config_module
-from lakeprop.client import cli
 from lakeprop.errors import DESCRIPTIONS, ErrorCode, is_temporary_code
 from lakeprop.service.metrics import METRICS
 

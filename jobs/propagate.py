@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from lakeprop.client.cli import main
+from lakeprop.cli import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]

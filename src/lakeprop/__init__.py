@@ -3,7 +3,7 @@
 What users call: the client (register, update and drop jobs through the change
 log; read their status), the job key and spec, the configuration, full-text
 search over a ``fulltext_index`` job, and the project's errors. The service
-itself starts from ``lakeprop run`` (:mod:`lakeprop.client.cli`) or
+itself starts from ``lakeprop run`` (:mod:`lakeprop.cli`) or
 :class:`lakeprop.service.app.PropagationApp`.
 """
 

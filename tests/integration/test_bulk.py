@@ -13,9 +13,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from devkit.waiting import assert_eventually
+from lakeprop import cli
 from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import ensure_topic
-from lakeprop.client import cli
 from lakeprop.client.api import LakepropClient, Receipt
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey, JobSpec, merge_spec

@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from devkit.kafka import read_topic
 from devkit.specs import replica_spec
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.dev.localkafka import free_port

@@ -12,7 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from devkit.waiting import assert_eventually
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.notifier import CommitNotifier
 from lakeprop.config import AppConfig

@@ -12,7 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.search import SearchError, SearchHit, search
 from lakeprop.config import AppConfig

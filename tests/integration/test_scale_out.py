@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from devkit.instances import Instance, settled, stopped_at_exit
 from devkit.waiting import assert_eventually
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.membership.members import Member

@@ -12,7 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from devkit.waiting import assert_eventually
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.replica import ReplicaConsumer

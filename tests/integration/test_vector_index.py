@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import lakeprop.consumers.vector_index.builds as vector_builds
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.lake import Lake
 from lakeprop.client.lakereads import LakeStateReader

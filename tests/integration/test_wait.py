@@ -10,7 +10,7 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
 from devkit.specs import replica_spec
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.errors import PermanentError, TemporaryError

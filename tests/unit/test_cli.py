@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.client.api import JobInfo, Progress, Repeats
 from lakeprop.client.render import job_table
 from lakeprop.errors import ErrorCode

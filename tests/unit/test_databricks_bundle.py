@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lakeprop.client import cli
+from lakeprop import cli
 from lakeprop.config import load_config
 
 if sys.version_info >= (3, 11):

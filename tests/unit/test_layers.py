@@ -1,7 +1,8 @@
 """The package's layers: imports flow one way and never in a circle (no Spark needed).
 
-``client → service → engine → consumers / bulk → tables / state → spec / config → errors``:
-a module may import modules of its own layer or of the layers below it. Every
+``cli → client / service → engine → consumers / bulk → tables / state → spec / config →
+errors``: a module may import modules of its own layer or of the layers below it, and
+the two wings of the top (``client`` and ``service``) never import each other. Every
 import counts, including those inside functions and under ``TYPE_CHECKING``.
 """
 
@@ -32,8 +33,11 @@ LAYERS = {
     "bulk": 3,
     "engine": 4,
     "service": 5,
-    "client": 6,
+    "client": 5,
+    "cli": 6,
 }
+SIBLINGS = [("client", "service")]
+"""Wings of one layer that stay apart."""
 
 
 def module_name(path: Path) -> str:
@@ -83,6 +87,21 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         if layer(module) is not None and layer(target) is not None and layer(target) > layer(module)  # type: ignore[operator]
     ]
     assert upward == []
+
+
+def test_siblings_do_not_import_each_other() -> None:
+    def wing(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None
+
+    crossing = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        for a, b in SIBLINGS
+        if {wing(module), wing(target)} == {a, b}
+    ]
+    assert crossing == []
 
 
 def test_there_is_no_import_circle() -> None:
