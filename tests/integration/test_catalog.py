@@ -349,7 +349,7 @@ def test_a_micro_batch_refused_while_halted_fails_the_query_unless_a_stop_ends_i
 ) -> None:
     caplog.set_level(logging.INFO)
     app = PropagationApp(spark, app_config)
-    app.runner.refusal_wait = 0.5 if not stopping else 60.0
+    app.runner.gate.refusal_wait = 0.5 if not stopping else 60.0
     query = app.start()
     try:
         ticks_pass(app, 1)

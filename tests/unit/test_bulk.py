@@ -26,9 +26,8 @@ from lakeprop.bulk.plan import reregistered_job_id
 from lakeprop.changelog import BulkCommand, LogRecord, Operation, decode, encode_bulk
 from lakeprop.config import TenantsConfig
 from lakeprop.errors import ErrorCode, TemporaryError
-from lakeprop.service.runner import decode_all
 from lakeprop.spec import JobKey, JobRef, JobSpec
-from lakeprop.state.apply import apply_commands
+from lakeprop.state.apply import apply_commands, decode_all
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.outcomes import Outcome, RecordedVerdict, Verdict
 from lakeprop.state.status import JobState

@@ -16,7 +16,7 @@ from lakeprop.engine.model import (
     MemberResult,
     TableRef,
 )
-from lakeprop.engine.ownership import Handover, SlotOwner
+from lakeprop.engine.ownership import SlotChanges, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.membership.group import Claim
 from lakeprop.membership.slots import slot_of
@@ -173,8 +173,8 @@ def test_cluster_gauges_show_this_instances_slots_tables_fence_and_handovers() -
     clock.now += 10  # a pause past the session timeout: it serves nothing until vouched for
     assert sample(r, "lakeprop_cluster_self_fenced") == 1
     assert sample(r, "lakeprop_cluster_slots", state="served") == 0
-    metrics.handover(Handover(frozenset({1}), {5: Claim(5, 9), 6: Claim(6, 2)}, frozenset()))
-    metrics.handover(Handover(lost=frozenset({3})))
+    metrics.handover(SlotChanges(frozenset({1}), {5: Claim(5, 9), 6: Claim(6, 2)}, frozenset()))
+    metrics.handover(SlotChanges(lost=frozenset({3})))
     assert sample(r, "lakeprop_cluster_slot_handovers_total", direction="gained") == 2
     assert sample(r, "lakeprop_cluster_slot_handovers_total", direction="revoked") == 1
     assert sample(r, "lakeprop_cluster_slot_handovers_total", direction="lost") == 1

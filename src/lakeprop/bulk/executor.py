@@ -176,16 +176,7 @@ class BulkExecutor:
             else:
                 code = 0
             if prior is None:
-                verdicts.append(
-                    Verdict(
-                        record=cmd.record,
-                        outcome=outcome,
-                        request_id=cmd.request_id,
-                        op=cmd.op.value,
-                        error_code=code,
-                        detail=detail,
-                    )
-                )
+                verdicts.append(Verdict.of(cmd, outcome, detail, error_code=code))
         return verdicts
 
     def _create(

@@ -42,7 +42,7 @@ class Signature:
 
 
 @dataclass
-class Handover:
+class SlotChanges:
     """Slot changes the micro-batch thread has to act on."""
 
     revoking: frozenset[int] = frozenset()
@@ -91,8 +91,8 @@ class SoleOwner:
         """The owner stamp of what this instance writes for the table (None: alone)."""
         return None
 
-    def pending(self) -> Handover:
-        return Handover()
+    def pending(self) -> SlotChanges:
+        return SlotChanges()
 
     def fenced(self, claims: Iterable[Claim]) -> list[Signature]:
         """Signatures that fence the writers which held ``claims``' slots before."""
@@ -188,12 +188,12 @@ class SlotOwner(SoleOwner):
 
     # -- handover, between the seat's thread and the micro-batch thread ----------------
 
-    def pending(self) -> Handover:
+    def pending(self) -> SlotChanges:
         """What changed since the micro-batch thread last looked."""
         claims = self.seat.claims()
         with self._lock:
             gained = {s: c for s, c in claims.items() if s not in self._served}
-            handover = Handover(frozenset(self._revoking), gained, frozenset(self._lost))
+            handover = SlotChanges(frozenset(self._revoking), gained, frozenset(self._lost))
             self._lost.clear()
             # a slot the seat no longer holds is not served, whatever happened to it
             self._served &= set(self.seat.assigned())

@@ -27,7 +27,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from lakeprop.config import MetricsConfig
 from lakeprop.engine.model import IterationResult, TableRef
-from lakeprop.engine.ownership import Handover, SlotOwner
+from lakeprop.engine.ownership import SlotChanges, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.service.observer import BatchTimings, TickSummary
 from lakeprop.service.runner import SELECTION_JOB_GROUP
@@ -305,7 +305,7 @@ class ServiceMetrics:
             if verdict.outcome is Outcome.REJECTED:
                 self.rejects.labels(str(verdict.error_code)).inc()
 
-    def handover(self, handover: Handover) -> None:
+    def handover(self, handover: SlotChanges) -> None:
         for direction, slots in (
             ("gained", len(handover.gained)),
             ("revoked", len(handover.revoking)),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lakeprop.engine.model import IterationResult
-from lakeprop.engine.ownership import Handover
+from lakeprop.engine.ownership import SlotChanges
 from lakeprop.state.outcomes import Outcome, Verdict
 
 
@@ -72,7 +72,7 @@ class RunnerObserver(Protocol):
 
     def verdicts(self, verdicts: Sequence[Verdict]) -> None: ...
 
-    def handover(self, handover: Handover) -> None: ...
+    def handover(self, handover: SlotChanges) -> None: ...
 
 
 class Unobserved:
@@ -87,5 +87,5 @@ class Unobserved:
     def verdicts(self, verdicts: Sequence[Verdict]) -> None:
         pass
 
-    def handover(self, handover: Handover) -> None:
+    def handover(self, handover: SlotChanges) -> None:
         pass

@@ -1,23 +1,32 @@
 """Stopping the query between micro-batches, through py4j.
 
 A ``foreachBatch`` callback runs on the query's own JVM thread, the one
-``StreamingQuery.stop()`` interrupts. A micro-batch that reaches the runner
-while it stops is refused before it does anything: it waits in the JVM for the
-stop's interrupt (:func:`await_stop_interrupt`) and fails with it
-(:func:`refusal`), so Spark ends the query as stopped and a restart replays the
-batch. py4j's traceback of such a refusal is dropped (:func:`quiet_refused_batches`).
+``StreamingQuery.stop()`` interrupts. :class:`BatchGate` lets one micro-batch
+at a time through and times its phases; while the service stops
+(:meth:`BatchGate.halted`) a micro-batch that reaches the runner is refused
+before it does anything: it waits in the JVM for the stop's interrupt
+(:func:`await_stop_interrupt`) and fails with it (:func:`refusal`), so Spark
+ends the query as stopped and a restart replays the batch. py4j's traceback of
+such a refusal is dropped (:func:`quiet_refused_batches`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from lakeprop.engine.scheduler import SHUTTING_DOWN, Scheduler
 from lakeprop.errors import TemporaryError
+from lakeprop.service.observer import BatchTimings
+
+log = logging.getLogger("lakeprop.service.runner")
 
 
 class ServiceHaltedError(TemporaryError):
@@ -98,3 +107,85 @@ def quiet_refused_batches() -> None:
     logger = logging.getLogger(PY4J_CALLBACK_LOGGER)
     if not any(isinstance(f, RefusedBatchFilter) for f in logger.filters):
         logger.addFilter(RefusedBatchFilter())
+
+
+Timed = Callable[[str], AbstractContextManager[None]]
+"""Times one phase of a micro-batch: ``with timed("log"): ...``."""
+
+
+class BatchGate:
+    """One micro-batch at a time, none while the service stops, each one timed."""
+
+    def __init__(self, spark: SparkSession, scheduler: Scheduler) -> None:
+        self.spark = spark
+        self.scheduler = scheduler
+        self.timings: deque[BatchTimings] = deque(maxlen=10_000)
+        """Phase timings of the latest micro-batches (benchmarks, metrics)."""
+        self.batches = 0
+        """Micro-batches processed (ticks), for waiting on the service without sleeping."""
+        self.refusal_wait = REFUSAL_WAIT
+        """Seconds a micro-batch refused while halted waits for the query's stop."""
+        self._lock = threading.Lock()
+        self._halted = False
+        self._stopped: Callable[[], bool] = lambda: False
+
+    @contextmanager
+    def halted(self, timeout: float, stopped: Callable[[], bool] = lambda: False) -> Iterator[bool]:
+        """Cancel the iterations, wait (up to ``timeout``) for the micro-batch in
+        progress, and refuse new ones.
+
+        Yields whether it got in between micro-batches. Stopping the query inside
+        this block does not interrupt a micro-batch half way (a Delta commit cut
+        off by the interrupt). A batch that arrives meanwhile is refused before
+        doing anything: it waits (up to :attr:`refusal_wait`) for the stop, which
+        ``stopped`` reports, then fails, so its offsets are not committed and a
+        restart replays it. Failed by the stop's interrupt, it ends the query as
+        stopped; with no stop, the query fails. :meth:`resume` lets batches in
+        again.
+        """
+        self._halted = True
+        self._stopped = stopped
+        # The micro-batch in progress may wait for cores that iterations hold.
+        self.scheduler.cancel_all(SHUTTING_DOWN)
+        between = self._lock.acquire(timeout=timeout)
+        try:
+            yield between
+        finally:
+            if between:
+                self._lock.release()
+
+    def resume(self) -> None:
+        self._halted = False
+        self._stopped = lambda: False
+
+    @contextmanager
+    def processing(self, batch_id: int) -> Iterator[Timed]:
+        """Runs one micro-batch at a time (none while halted) and times its phases."""
+        timings = BatchTimings(batch_id)
+
+        @contextmanager
+        def timed(phase: str) -> Iterator[None]:
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                timings.phases[phase] = time.perf_counter() - started
+
+        # Never wait for the lock: a callback blocked in Python cannot be interrupted
+        # by query.stop(), which would then wait for it forever (a refused batch
+        # waits in the JVM instead). Micro-batches of one query never overlap, so
+        # the lock is only ever taken by halted().
+        if self._halted or not self._lock.acquire(blocking=False):
+            log.info(
+                "micro-batch %d arrived while the query stops: refused, a restart replays it",
+                batch_id,
+            )
+            interrupt = await_stop_interrupt(self.spark, self.refusal_wait, self._stopped)
+            raise refusal(batch_id, interrupt)
+        try:
+            yield timed
+            self.batches += 1
+        finally:
+            self._lock.release()
+            self.timings.append(timings)
+            log.debug("batch %d: %s", batch_id, timings)

@@ -1,6 +1,8 @@
 """The change log applied to catalog rows: pure, no Spark.
 
-:func:`apply_commands` takes catalog rows and decoded commands and returns the
+:func:`decode_all` decodes a micro-batch's messages, a verdict for each that
+does not decode; :func:`apply_commands` takes catalog rows and decoded
+commands and returns the
 rows to upsert and a verdict per command, in log order; :func:`apply_tasks`
 does the same for the commands of bulk tasks. One handler per operation
 (:data:`_HANDLERS`). A command at or below the coordinates a row records has
@@ -15,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lakeprop.changelog import Command, LogRecord, Operation
-from lakeprop.errors import LakepropError
+from lakeprop.changelog import BulkCommand, Command, LogRecord, Operation, decode
+from lakeprop.errors import ErrorCode, InvalidMessageError, LakepropError
 from lakeprop.spec import JobKey, JobRef, JobSpec, merge_spec
 from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
@@ -48,20 +50,33 @@ class ApplyResult:
     """Bulk tasks that hit a temporary error (task -> reason): tried again later."""
 
 
+def decode_all(
+    records: Sequence[LogRecord], max_bytes: int
+) -> tuple[list[Command | BulkCommand], list[Verdict]]:
+    """Decode every record; invalid ones become rejected verdicts."""
+    commands: list[Command | BulkCommand] = []
+    rejected: list[Verdict] = []
+    for record in records:
+        try:
+            commands.append(decode(record, max_bytes))
+        except InvalidMessageError as exc:
+            rejected.append(Verdict.undecodable(record, exc))
+    return commands, rejected
+
+
+def not_in_cluster(command: BulkCommand) -> Verdict:
+    """The verdict on a bulk message read by a service with ``cluster.enabled``."""
+    return Verdict.of(
+        command,
+        Outcome.REJECTED,
+        "bulk operations are not run by a service with cluster.enabled; "
+        "send one change log message per job instead",
+        error_code=ErrorCode.BULK_IN_CLUSTER,
+    )
+
+
 def _already_applied(rows: Sequence[CatalogRow], record: LogRecord) -> bool:
     return any(r.log_partition == record.partition and r.log_offset >= record.offset for r in rows)
-
-
-def _verdict(cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> Verdict:
-    return Verdict(
-        record=cmd.record,
-        outcome=outcome,
-        request_id=cmd.request_id,
-        op=cmd.op.value,
-        key=cmd.key,
-        detail=detail,
-        **kw,
-    )
 
 
 @dataclass
@@ -90,7 +105,7 @@ class _Applying:
         return self._census
 
     def verdict(self, cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> None:
-        self.result.verdicts.append(_verdict(cmd, outcome, detail, **kw))
+        self.result.verdicts.append(Verdict.of(cmd, outcome, detail, **kw))
 
     def put_touched(self, row: CatalogRow, cmd: Command) -> None:
         """Put a row a command changed. It records the message's coordinates (what

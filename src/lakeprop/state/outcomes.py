@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -29,7 +30,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lakeprop.changelog import LogRecord
+from lakeprop.changelog import BulkCommand, Command, LogRecord, best_effort_request_id
+from lakeprop.errors import LakepropError
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
 from lakeprop.state.shared import with_retries
@@ -65,6 +67,35 @@ class Verdict:
     @property
     def coordinates(self) -> Coordinates:
         return (self.record.topic, self.record.partition, self.record.offset)
+
+    @classmethod
+    def of(
+        cls, command: Command | BulkCommand, outcome: Outcome, detail: str, **found: Any
+    ) -> Verdict:
+        """The verdict on a decoded message (a job's or a bulk message): ``found`` adds
+        the job id, table id or error code."""
+        key = command.key if isinstance(command, Command) else None
+        return cls(
+            record=command.record,
+            outcome=outcome,
+            request_id=command.request_id,
+            op=command.op.value,
+            key=key,
+            detail=detail,
+            **found,
+        )
+
+    @classmethod
+    def undecodable(cls, record: LogRecord, error: LakepropError) -> Verdict:
+        """The verdict on a message that did not decode: rejected, with the request id
+        if one can be read at all."""
+        return cls(
+            record=record,
+            outcome=Outcome.REJECTED,
+            request_id=best_effort_request_id(record.value),
+            error_code=error.code,
+            detail=str(error),
+        )
 
 
 @dataclass(frozen=True)
