@@ -17,8 +17,8 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from lakeprop.changes import latest_change_per_key
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
-from lakeprop.consumers.changes import latest_change_per_key
 
 SCHEMA = "id INT, name STRING, amount DOUBLE"
 

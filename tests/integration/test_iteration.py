@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.config import AppConfig
-from lakeprop.engine import iteration
+from lakeprop.engine import changeset
 from lakeprop.engine.iteration import run_iteration
 from lakeprop.engine.model import (
     CancelToken,
@@ -28,6 +28,7 @@ from lakeprop.engine.model import (
     MemberJob,
     TableRef,
 )
+from lakeprop.engine.sparkstats import cached_bytes
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.resolve import Tables
 from tests.integration.helpers import SOURCE_SCHEMA, cdf_source
@@ -81,13 +82,13 @@ def test_consumers_of_one_key_and_start_share_one_held_last_change_per_key(
     ).mode("append").save(path)  # version 4: 20 was updated, then deleted: it comes back
 
     computed: list[tuple[str, ...]] = []
-    latest = iteration.latest_change_per_key
+    latest = changeset.latest_change_per_key
 
     def recorded(changes: DataFrame, key: list[str]) -> DataFrame:
         computed.append(tuple(key))
         return latest(changes, key)
 
-    monkeypatch.setattr(iteration, "latest_change_per_key", recorded)
+    monkeypatch.setattr(changeset, "latest_change_per_key", recorded)
     tail = [member(n, numbers[n], 1) for n in early] + [member("late", numbers["late"], 2)]
     result = run(spark, tables, IterationKind.TAIL, 4, tail)
 
@@ -199,20 +200,20 @@ def test_two_snapshots_of_one_version_each_hold_their_own_rows(
     for _ in range(2):  # both read before either ends
         plan = IterationPlan(TABLE, IterationKind.SNAPSHOT, 1, (), 0, time.time())
         result = IterationResult(plan, plan.kind, time.time())
-        data, _, _ = iteration._read(source, plan, result, CancelToken(), ["id"])
+        read = changeset.read(source, plan, result, CancelToken(), ["id"])
         assert result.rows_read == 40
-        held.append(data)
+        held.append(read.data)
     first, second = held
-    size = iteration.cached_bytes(spark, first)
+    size = cached_bytes(spark, first)
     assert size is not None and size > 0
 
-    iteration._release(first)
+    changeset.release(first)
 
-    assert iteration.cached_bytes(spark, second) == size  # still in the block store
+    assert cached_bytes(spark, second) == size  # still in the block store
     assert_df_equality(
         second,
         spark.createDataFrame(rows, SOURCE_SCHEMA),
         ignore_row_order=True,
         ignore_nullable=True,
     )
-    iteration._release(second)
+    changeset.release(second)

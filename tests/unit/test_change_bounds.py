@@ -16,7 +16,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lakeprop.consumers.changes import boundable, bounded_columns, bounds_after
+from lakeprop.changes import boundable, bounded_columns, bounds_after
 from lakeprop.consumers.fulltext_index import FulltextIndexConsumer
 from lakeprop.consumers.replica import ReplicaConsumer
 from lakeprop.consumers.secondary_index import SecondaryIndexConsumer

@@ -1,9 +1,10 @@
 """The package's layers: imports flow one way and never in a circle (no Spark needed).
 
-``cli → client / service → engine → consumers / bulk → tables / state → spec / config →
-errors``: a module may import modules of its own layer or of the layers below it, and
-the two wings of the top (``client`` and ``service``) never import each other. Every
-import counts, including those inside functions and under ``TYPE_CHECKING``.
+``cli → client / service → engine → consumers / bulk → tables / state / changes →
+spec / config → errors``: a module may import modules of its own layer or of the
+layers below it, and the two wings of the top (``client`` and ``service``) never
+import each other. Every import counts, including those inside functions and under
+``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ LAYERS = {
     "dev": 1,
     "registry": 1,
     "state": 2,
+    "changes": 2,
     "tables": 2,
     "membership": 2,
     "consumers": 3,

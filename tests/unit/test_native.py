@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from lakeprop.changes import latest_change_per_key_arrow
 from lakeprop.consumers import native
 from lakeprop.errors import ErrorCode
 
@@ -36,7 +37,7 @@ def test_the_last_change_per_key_follows_commit_order_and_drops_pre_images() -> 
         (3, "new", "insert", 5),
         (3, "old", "delete", 5),
     )
-    latest = native.latest_change_per_key(feed, ["id"]).sort_by("id")
+    latest = latest_change_per_key_arrow(feed, ["id"]).sort_by("id")
     assert latest.to_pylist() == [
         {"id": 1, "name": "b", "_change_type": "update_postimage", "_commit_version": 3},
         {"id": 2, "name": "x", "_change_type": "delete", "_commit_version": 4},

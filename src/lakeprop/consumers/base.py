@@ -56,7 +56,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from lakeprop.consumers.changes import Bounds, latest_change_per_key
+from lakeprop.changes import Bounds, latest_change_per_key
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import JobKey, target_table
 from lakeprop.tables.probe import DeltaLogProbe
@@ -142,7 +142,7 @@ class ConsumerContext:
 
     def latest_changes(self, changes: DataFrame, key: Sequence[str]) -> DataFrame:
         """The last change of every key in ``changes``, the change set handed to
-        ``apply_changes`` (:func:`~lakeprop.consumers.changes.latest_change_per_key`).
+        ``apply_changes`` (:func:`~lakeprop.changes.latest_change_per_key`).
 
         Where the engine holds it (a large iteration) it was computed once for
         all the consumers with this key and start, so K replicas of a table pay

@@ -32,8 +32,6 @@ NATIVE_WRITER_FEATURES = frozenset(
 """Writer features delta-rs writes as Spark does; a table using any other goes to Spark."""
 MAX_READER_VERSION, MAX_WRITER_VERSION = 3, 7
 
-CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
-
 
 def available() -> bool:
     """Whether the ``deltalake`` and ``pyarrow`` packages are installed (the ``native`` extra)."""
@@ -115,28 +113,6 @@ def plain(table: pa.Table) -> pa.Table:
 
     schema = pa.schema([f.with_type(plain_type(f.type)) for f in table.schema])
     return table if schema == table.schema else table.cast(schema)
-
-
-def latest_change_per_key(changes: pa.Table, key: Sequence[str]) -> pa.Table:
-    """The last change of every key in commit order, pre-images dropped (Arrow); in one
-    commit an insert after a delete of the same key is what the commit leaves."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    rows = changes.filter(pc.not_equal(changes["_change_type"], "update_preimage"))
-    rank = pc.if_else(pc.equal(rows["_change_type"], "delete"), 0, 1)
-    rows = rows.append_column("_rank", rank).append_column(
-        "_row", pa.array(range(rows.num_rows), pa.int64())
-    )
-    rows = rows.sort_by(
-        [("_commit_version", "ascending"), ("_rank", "ascending"), ("_row", "ascending")]
-    )
-    last = (
-        rows.append_column("_order", pa.array(range(rows.num_rows), pa.int64()))
-        .group_by(list(key), use_threads=False)
-        .aggregate([("_order", "max")])
-    )
-    return rows.take(last["_order_max"]).drop_columns(["_rank", "_row"])
 
 
 def applied(table: DeltaTable, app_id: str, version: int) -> bool:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from lakeprop.changes import latest_change_per_key_arrow
 from lakeprop.consumers import native
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.options import (
@@ -122,7 +123,7 @@ class ReplicaConsumer(Consumer):
         table = native.open_table(target.location(), self.context.storage_options)
         if native.applied(table, self.context.txn_app_id, to_version):
             return 0  # written before a crash: the watermark catches up
-        latest = native.latest_change_per_key(changes, self.key)
+        latest = latest_change_per_key_arrow(changes, self.key)
         return native.merge_changes(
             table, latest, self.key, self.columns, self.context.txn_app_id, to_version
         )

@@ -19,15 +19,15 @@ same. The history records which path each iteration took (``path``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lakeprop.changes import CDF_COLUMNS
 from lakeprop.consumers import native
-from lakeprop.consumers.base import ConsumerContext
-from lakeprop.engine.failures import member_error
+from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.engine.fanout import fan_out, member_context, run_member
 from lakeprop.engine.model import (
     CancelToken,
     IterationKind,
@@ -128,7 +128,7 @@ def plan_native(
     try:
         native.open_table(source, settings.storage_options)
         for job in jobs:
-            context = _context(spark, job, tables, settings, 0, None)
+            context = _context(spark, job, tables, settings, None, 0)
             target = get_consumer_type(job.spec.iteration.consumer.type).factory(context).target
             location = target.location()
             blocked = native.writable(native.open_table(location, settings.storage_options))
@@ -160,31 +160,6 @@ def _estimated_rows(
     return total
 
 
-def _context(
-    spark: SparkSession,
-    job: MemberJob,
-    tables: Tables,
-    settings: NativeSettings,
-    rows: int,
-    token: CancelToken | None,
-) -> ConsumerContext:
-    consumer = job.spec.iteration.consumer
-    return ConsumerContext(
-        spark=spark,
-        key=job.key,
-        job_id=job.member.job_id,
-        consumer_type=consumer.type,
-        options=consumer.options,
-        generation=consumer.generation,
-        source_columns=(),
-        locate=lambda database, table: tables.handle(database, table, spark),
-        cancelled=(lambda: token.cancelled) if token is not None else (lambda: False),
-        change_rows=rows,
-        small=True,
-        storage_options=settings.storage_options,
-    )
-
-
 def run_native(
     spark: SparkSession,
     plan: IterationPlan,
@@ -195,7 +170,10 @@ def run_native(
     where: NativePlan,
     result: IterationResult,
 ) -> None:
-    """Read the range once with delta-rs and hand it to every member, in turn."""
+    """Read the range once with delta-rs and hand it to every member, in turn.
+
+    :class:`NativeReadFailed` leaves ``result`` as it was: nothing was read, nothing
+    written, and the caller runs the iteration on Spark instead."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -208,56 +186,46 @@ def run_native(
         changes: pa.Table = native.plain(pa.table(reader))
     except Exception as exc:
         raise NativeReadFailed(str(exc).splitlines()[0][:300] if str(exc) else repr(exc)) from exc
+    result.path = "native"
     result.source_scans = 1
     result.rows_read = token.cached_rows = changes.num_rows
     result.bytes_cached = token.cached_bytes = int(changes.nbytes)
+    columns = tuple(c for c in changes.column_names if c not in CDF_COLUMNS)
     fault_point("iteration.before_write")
-    for i, job in enumerate(jobs):
-        if i:
-            fault_point("iteration.between_consumers")
-        mine = changes
+
+    def consume(session: SparkSession, job: MemberJob) -> MemberResult:
         start = job.member.from_version
-        assert start is not None
+        assert start is not None and plan.from_version is not None
+        mine = changes
         if start > plan.from_version:
             mine = changes.filter(pc.greater(changes["_commit_version"], start))
-        result.members.append(_consume(spark, job, tables, settings, mine, start, plan, token))
+        context = _context(session, job, tables, settings, token, mine.num_rows, columns)
+
+        def call(consumer: Consumer) -> int:
+            return consumer.apply_changes_native(mine, start, plan.to_version)
+
+        return run_member(job, context, token, call, f"native iteration {plan.iteration_id}")
+
+    fan_out(spark, jobs, consume, result, 1, {})
     fault_point("iteration.after_writes")
 
 
-def _consume(
+def _context(
     spark: SparkSession,
     job: MemberJob,
     tables: Tables,
     settings: NativeSettings,
-    changes: pa.Table,
-    start: int,
-    plan: IterationPlan,
-    token: CancelToken,
-) -> MemberResult:
-    consumer_info = job.spec.iteration.consumer
-    result = MemberResult(
-        job.member.ref,
-        job.member.job_id,
-        consumer_info.type,
-        consumer_spec=consumer_info.canonical(),
+    token: CancelToken | None,
+    rows: int,
+    columns: tuple[str, ...] = (),
+) -> ConsumerContext:
+    return member_context(
+        spark,
+        job,
+        tables,
+        token,
+        source_columns=columns,
+        change_rows=rows,
+        small=True,
+        storage_options=settings.storage_options,
     )
-    if token.cancelled:
-        result.error_code, result.error_msg = int(token.code), token.reason
-        return result
-    context = _context(spark, job, tables, settings, changes.num_rows, token)
-    columns = tuple(c for c in changes.column_names if c not in native.CDF_COLUMNS)
-    context = dataclasses.replace(context, source_columns=columns)
-    try:
-        consumer = get_consumer_type(consumer_info.type).factory(context)
-        result.rows_written = consumer.apply_changes_native(changes, start, plan.to_version)
-    except Exception as exc:
-        result.error_code, result.error_msg = member_error(exc, token)
-        log.warning(
-            "job %s (%s) failed in native iteration %s: [%s] %s",
-            job.key,
-            consumer_info.type,
-            plan.iteration_id,
-            result.error_code,
-            result.error_msg,
-        )
-    return result

@@ -1,0 +1,18 @@
+"""The change set: what the engine reads from a source's change feed and every
+consumer applies. Below the engine and the consumers, which both use it."""
+
+from __future__ import annotations
+
+from lakeprop.changes.bounds import Bounds, boundable, bounded_columns, bounds_after
+from lakeprop.changes.feed import CDF_COLUMNS
+from lakeprop.changes.latest import latest_change_per_key, latest_change_per_key_arrow
+
+__all__ = [
+    "CDF_COLUMNS",
+    "Bounds",
+    "boundable",
+    "bounded_columns",
+    "bounds_after",
+    "latest_change_per_key",
+    "latest_change_per_key_arrow",
+]

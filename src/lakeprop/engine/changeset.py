@@ -1,0 +1,253 @@
+"""The change set of an iteration: read once, held while the consumers read it,
+released after.
+
+A tail reads the Change Data Feed of ``(from, to]`` with the end version pinned
+(an open end would re-resolve "latest" at every action), checkpoints it
+locally as it counts it per version (the same Spark job finds the least and
+greatest value of the members' key columns, by which their MERGEs skip target
+files). In a large tail the last change per key is computed once per key and
+start for the consumers that ask, and held likewise (:class:`HeldLatest`). A
+snapshot holds the table as of ``to``. When the range can no longer be read
+(vacuumed, past log retention, change feed off), the change set becomes a
+snapshot at the same version: a full resync, recorded as such. Missing files
+are never skipped. A range Delta refuses to read across a schema change is a
+permanent error saying what changed (:func:`schema_change`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakeprop.changes import Bounds, bounded_columns, bounds_after, latest_change_per_key
+from lakeprop.engine.model import CancelToken, IterationKind, IterationPlan, IterationResult
+from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd
+from lakeprop.errors import ErrorCode, LakepropError, PermanentError
+from lakeprop.tables.resolve import TableHandle
+
+log = logging.getLogger("lakeprop.engine.iteration")
+
+_UNREADABLE_RANGE = (
+    "DELTA_CHANGE_DATA_FILE_NOT_FOUND",
+    "DELTA_MISSING_CHANGE_DATA",
+    "DELTA_CHANGE_TABLE_FEED_DISABLED",
+    "DELTA_VERSIONS_NOT_CONTIGUOUS",
+    "DELTA_FILE_NOT_FOUND",
+    "VersionNotFoundException",
+    "FileNotFoundException",
+    "change data was not recorded",
+    "not enabled for change data feed",
+)
+"""Delta's refusals to read a range whose change data is gone: resync from a snapshot."""
+
+_SCHEMA_CHANGED = (
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_DATA_SCHEMA",
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_SCHEMA_CHANGE",
+)
+"""Delta's refusals to read a change feed across a non-additive schema change."""
+
+COUNTING_CONFS = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+"""While the change set is stored and counted per commit version: the count's
+shuffle carries one row per version, so one reduce task and no adaptive
+re-planning (which runs each stage as a job of its own) suit it at any size."""
+
+
+def _unreadable(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in _UNREADABLE_RANGE)
+
+
+@dataclass
+class ChangeSet:
+    """What one iteration read: the rows, and for a tail their count and key bounds
+    per commit version (a snapshot has neither)."""
+
+    data: DataFrame
+    per_version: dict[int, int] = field(default_factory=dict)
+    bounds: dict[int, Bounds] = field(default_factory=dict)
+    held: HeldLatest | None = None
+    """The last change per key, held for the consumers of a large tail."""
+
+    def after(self, start: int) -> DataFrame:
+        """The changes of the versions after ``start`` (one member's slice)."""
+        return self.data.where(F.col("_commit_version") > start)
+
+    def rows_after(self, start: int) -> int:
+        return sum(n for v, n in self.per_version.items() if v > start)
+
+    def bounds_after(self, start: int) -> Bounds:
+        return bounds_after(self.bounds, start)
+
+    @property
+    def source_columns(self) -> tuple[str, ...]:
+        """The source's columns, the change feed's own aside."""
+        return tuple(
+            c for c in self.data.columns if not c.startswith("_commit") and c != "_change_type"
+        )
+
+    def release(self, spark: SparkSession) -> int:
+        """Free what is held; the bytes the last-change sets took in the block store."""
+        taken = 0 if self.held is None else self.held.release(spark)
+        release(self.data)
+        return taken
+
+
+def read(
+    source: TableHandle,
+    plan: IterationPlan,
+    result: IterationResult,
+    token: CancelToken,
+    keys: Sequence[str],
+) -> ChangeSet:
+    """The checkpointed change set of a tail, with its rows per commit version
+    and the bounds of the ``keys`` it can bound per version (one Spark job
+    finds both as it stores the blocks), or the table as of ``to_version`` for
+    a snapshot (no counts, no bounds); a tail whose range is no longer readable
+    becomes a snapshot (resync)."""
+    if plan.kind is IterationKind.TAIL:
+        data: DataFrame | None = None
+        try:
+            data = _read_changes(source, plan)
+            result.source_scans += 1
+            bounded = bounded_columns(keys, {f.name: f.dataType for f in data.schema.fields})
+            extremes = [
+                agg(data[c]).alias(f"_{name}{i}")
+                for i, c in enumerate(bounded)
+                for name, agg in (("low", F.min), ("high", F.max))
+            ]
+            counted = (
+                data.groupBy("_commit_version").agg(F.count(F.lit(1)).alias("_rows"), *extremes)
+            ).collect()
+            per_version = {int(r["_commit_version"]): int(r["_rows"]) for r in counted}
+            bounds: dict[int, Bounds] = {
+                int(r["_commit_version"]): {
+                    c.lower(): (r[f"_low{i}"], r[f"_high{i}"]) for i, c in enumerate(bounded)
+                }
+                for r in counted
+            }
+            result.rows_read = token.cached_rows = sum(per_version.values())
+            return ChangeSet(data, per_version, bounds)
+        except Exception as exc:
+            if data is not None:
+                release(data)
+            if not token.cancelled and any(m in str(exc) for m in _SCHEMA_CHANGED):
+                raise schema_change(source, plan) from None
+            if token.cancelled or not _unreadable(exc):
+                raise
+            result.kind = IterationKind.SNAPSHOT
+            result.resync_reason = (
+                f"changes of versions {plan.from_version}..{plan.to_version} are no longer "
+                f"readable, resynced from a snapshot: {str(exc).splitlines()[0][:300]}"
+            )
+            log.warning(
+                "iteration %s on %s: %s", plan.iteration_id, plan.table, result.resync_reason
+            )
+    # Checkpointed like a change set, not persisted: Spark's cache manager keeps
+    # one entry per plan, so two snapshots of one table version (two new jobs,
+    # whose snapshots run side by side) would share it, and the first to end
+    # would unpersist the other's rows from under it.
+    snapshot = source.load(source.reader().option("versionAsOf", plan.to_version))
+    snapshot = snapshot.localCheckpoint(eager=False)
+    result.source_scans += 1
+    result.rows_read = token.cached_rows = int(snapshot.count())
+    return ChangeSet(snapshot)
+
+
+def schema_change(source: TableHandle, plan: IterationPlan) -> PermanentError:
+    """What changed in the source's columns over a range whose change feed Delta will
+    not read: a permanent error saying so (a resync rebuilds from the source as it is)."""
+    assert plan.from_version is not None
+
+    def fields(version: int) -> dict[str, str]:
+        schema = source.load(source.reader().option("versionAsOf", version)).schema
+        return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+    before, after = fields(plan.from_version), fields(plan.to_version)
+    what = []
+    dropped = [c for c in before if c not in after]
+    if dropped:
+        what.append(f"it no longer has column(s) {dropped}")
+    changed = [
+        f"{c} {before[c]} -> {after[c]}" for c in before if c in after and before[c] != after[c]
+    ]
+    if changed:
+        what.append(f"column type(s) changed: {changed}")
+    added = [c for c in after if c not in before]
+    if added:
+        what.append(f"new column(s) {added}")
+    return PermanentError(
+        f"source {source} changed its columns between versions {plan.from_version} and "
+        f"{plan.to_version} in a way its change feed cannot be read across: "
+        f"{'; '.join(what) or 'its column mapping changed'}; resync the job to rebuild it "
+        "from the source as it is now",
+        ErrorCode.SOURCE_SCHEMA_CHANGED,
+    )
+
+
+def _read_changes(source: TableHandle, plan: IterationPlan) -> DataFrame:
+    assert plan.from_version is not None
+    reader = (
+        source.reader()
+        .option("readChangeFeed", "true")
+        .option("startingVersion", plan.from_version + 1)
+        .option("endingVersion", plan.to_version)
+    )
+    # Checkpointed, not cached: the first job on it (the count per version)
+    # stores its blocks and cuts its lineage, so every consumer reads those very
+    # rows and never the feed again, and a MERGE need not copy them once more
+    # to be sure they stay the same (ConsumerContext.merging_changes).
+    return source.load(reader).localCheckpoint(eager=False)
+
+
+class HeldLatest:
+    """The last change per key of a tail's change set, for the consumers that ask
+    (:meth:`ConsumerContext.latest_changes`): computed once per key and start
+    version, whichever consumer asks first (the others with the same ones wait
+    for it), and held as a checkpoint until the iteration releases it."""
+
+    def __init__(self, data: DataFrame, token: CancelToken) -> None:
+        self.data = data
+        self.token = token
+        self._lock = threading.Lock()
+        self._computing: dict[tuple[tuple[str, ...], int], threading.Lock] = {}
+        self._held: dict[tuple[tuple[str, ...], int], DataFrame] = {}
+
+    def after(self, start: int, key: Sequence[str]) -> DataFrame:
+        """The last change per ``key`` among the changes after version ``start``."""
+        slot = (tuple(key), start)
+        with self._lock:
+            computing = self._computing.setdefault(slot, threading.Lock())
+        with computing:
+            if slot not in self._held:
+                if self.token.cancelled:  # the one computing it was cancelled: no retry
+                    raise LakepropError(self.token.reason, self.token.code)
+                changes = self.data.where(F.col("_commit_version") > start)
+                self._held[slot] = latest_change_per_key(changes, list(key)).localCheckpoint()
+            return self._held[slot]
+
+    def release(self, spark: SparkSession) -> int:
+        """Free what is held; the bytes it took in the block store."""
+        taken = 0
+        for held in self._held.values():
+            taken += cached_bytes(spark, held) or 0
+            release(held)
+        self._held.clear()
+        return taken
+
+
+def release(data: DataFrame) -> None:
+    """Free the blocks of a checkpointed change set or snapshot."""
+    try:
+        rdd = checkpointed_rdd(data)
+    except Exception as exc:  # no JVM plan to look at: unpersist is all there is
+        log.debug("checkpoint of the change set not found: %s", exc)
+        rdd = None
+    if rdd is None:
+        data.unpersist()
+    else:
+        rdd.unpersist(False)
