@@ -24,6 +24,7 @@ from bench.common import SCHEMA, Figure, Result, app_config, percentile, same_ro
 from devkit.instances import Instance, settled, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient, TableWatch
+from lakeprop.client.scans import SparkScan
 from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.membership.members import Member
 from lakeprop.spec import JobKey
@@ -119,7 +120,7 @@ class Fleet:
         self.cluster = cluster
         self.names = names
         self.history = config.state.table_path(HISTORY_TABLE)
-        self.watch = TableWatch(spark, self.history)
+        self.watch = TableWatch(SparkScan(spark), self.history)
 
     def settled(self, expected: set[str]) -> dict[str, Member]:
         """The group once exactly ``expected`` hold all the slots between them."""

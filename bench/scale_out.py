@@ -29,6 +29,7 @@ from bench.scale import synced_rows
 from devkit.instances import ROOT, Instance, small_data_conf, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import TableWatch
+from lakeprop.client.scans import SparkScan
 from lakeprop.config import ClusterConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.state.store import HISTORY_TABLE
@@ -104,7 +105,7 @@ def _catch_up(
     conf = {**small_data_conf(), "spark.driver.memory": DRIVER_MEMORY}
     master = "local[2]" if count == 1 else "local[1]"
     history = config.state.table_path(HISTORY_TABLE)
-    watch = TableWatch(spark, history)
+    watch = TableWatch(SparkScan(spark), history)
     launched = time.monotonic()
     started = {
         name: Instance(name, config, workdir, cluster, conf, settings, master, env).start()

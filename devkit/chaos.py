@@ -71,6 +71,7 @@ from lakeprop import faults
 from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import LogRecord
 from lakeprop.client.api import LakepropClient, Receipt, TableWatch
+from lakeprop.client.scans import SparkScan
 from lakeprop.config import AppConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.service.app import PropagationApp
@@ -683,7 +684,7 @@ gc_retention = "4s"
     def progressed(self, since: int) -> bool:
         """Whether the history records more iterations than ``since`` within
         ``fire_timeout`` (the workload runs meanwhile)."""
-        history = TableWatch(self.spark, self.state.table_path(state.HISTORY_TABLE))
+        history = TableWatch(SparkScan(self.spark), self.state.table_path(state.HISTORY_TABLE))
         deadline = time.monotonic() + self.settings.fire_timeout
         while time.monotonic() < deadline:
             if history.changed() and self.iterations_recorded() > since:
@@ -862,7 +863,7 @@ gc_retention = "4s"
         self.update_some_job()
         receipt = self.receipts[-1]
         deadline = started + self.settings.recover_timeout
-        requests = TableWatch(self.spark, self.state.table_path(state.REQUESTS_TABLE))
+        requests = TableWatch(SparkScan(self.spark), self.state.table_path(state.REQUESTS_TABLE))
         while time.monotonic() < deadline and service.alive:
             if requests.changed() and self.client.request_outcome(receipt.request_id) is not None:
                 self.report.recoveries[point] = time.monotonic() - started
@@ -886,7 +887,7 @@ gc_retention = "4s"
         self.report.cycles += 1
         # the state is read again only after a commit to the catalog, history or verdicts
         watches = [
-            TableWatch(self.spark, self.state.table_path(name))
+            TableWatch(SparkScan(self.spark), self.state.table_path(name))
             for name in (
                 state.CATALOG_TABLE,
                 state.HISTORY_TABLE,

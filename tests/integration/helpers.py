@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient, TableWatch
+from lakeprop.client.scans import SparkScan
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
@@ -221,7 +222,7 @@ def wait_for_watermark(
 def watches(spark: SparkSession, config: AppConfig, *tables: str) -> list[TableWatch]:
     """Watches on state tables, for ``assert_eventually(changes=...)``: a check that
     reads them runs again only after a commit to one of them."""
-    return [TableWatch(spark, config.state.table_path(t)) for t in tables]
+    return [TableWatch(SparkScan(spark), config.state.table_path(t)) for t in tables]
 
 
 def history(spark: SparkSession, config: AppConfig) -> DataFrame:

@@ -20,7 +20,7 @@ import lakeprop.consumers.vector_index.builds as vector_builds
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.lake import Lake
-from lakeprop.client.lakereads import LakeStateReader
+from lakeprop.client.reads import StateReader
 from lakeprop.client.search import search as search_text
 from lakeprop.client.vectors import VectorSearch, hybrid_search, reciprocal_rank_fusion
 from lakeprop.config import AppConfig
@@ -409,7 +409,7 @@ def test_the_service_keeps_a_digits_index_and_search_fuses_with_text(
             wait_for_watermark(spark, app_config, job, latest_version(spark, path))
 
     # the Spark-free state reader answers as the Spark one does
-    lake = LakeStateReader(app_config.state, tables=app_config.tables)
+    lake = StateReader.without_spark(app_config)
     assert lake.get_job_status(key) == client.get_job_status(key)
     assert lake.list_jobs() == client.list_jobs()
     assert lake.usage() == client.usage() != []

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
-
-from pyspark.sql import SparkSession
 
 from lakeprop.client.api import TableWatch
+from lakeprop.client.scans import SparkScan
 
 
 def commit(table: Path, version: int) -> None:
@@ -19,7 +17,7 @@ def commit(table: Path, version: int) -> None:
 def test_a_watch_reports_each_new_commit_once_and_a_missing_table_once(tmp_path: Path) -> None:
     table = tmp_path / "requests"
     # local paths never touch the session
-    watch = TableWatch(cast(SparkSession, None), str(table))
+    watch = TableWatch(SparkScan(), str(table))
     assert [watch.changed(), watch.changed()] == [True, False]  # no table yet: look once
     commit(table, 0)
     assert [watch.changed(), watch.changed()] == [True, False]

@@ -152,7 +152,7 @@ def reader(args: argparse.Namespace) -> Any:
 
     app = config(args)
     if app.tables.resolution == "path" and native.available():
-        from lakeprop.client.lakereads import LakeStateReader
+        from lakeprop.client.reads import StateReader
 
-        return LakeStateReader(app.state, app.engine.native_storage_options, app.tables)
+        return StateReader.without_spark(app)
     return client(args, with_spark=True)

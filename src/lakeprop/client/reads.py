@@ -1,10 +1,14 @@
 """Reading the service's state: jobs, verdicts, usage, accounts, bulk operations.
 
-Reads look at the catalog, history, requests and other Delta state tables with
-a SparkSession. A job's watermark is the later of the catalog's and the one its
-iteration history records: the service writes the catalog's watermarks on its
-status flush, the history at the end of every iteration. Waits poll cheaply
-(:func:`poll_until`): a state table is read again only after a new commit to it.
+:class:`StateReader` writes each of its queries once, as data
+(:class:`~lakeprop.client.scans.Query`), and runs them on a scan: Spark's
+(:class:`~lakeprop.client.scans.SparkScan`, the default, for notebooks and
+metastore tables) or delta-rs's (:class:`~lakeprop.client.scans.LakeScan`, no JVM:
+the CLI's read verbs answer in about a second). A job's watermark is the later of
+the catalog's and the one its iteration history records: the service writes the
+catalog's watermarks on its status flush, the history at the end of every
+iteration. Waits poll cheaply (:func:`poll_until`): a state table is read again
+only after a new commit to it.
 """
 
 from __future__ import annotations
@@ -16,27 +20,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
-
 from lakeprop.bulk.model import BulkOperation, BulkTask, TaskState, counts
-from lakeprop.bulk.tables import BulkTables
 from lakeprop.client.log import Receipt
-from lakeprop.config import StateConfig, TablesConfig
+from lakeprop.client.scans import Condition, LakeScan, Query, Scan, SparkScan, eq
+from lakeprop.config import AppConfig, StateConfig, TablesConfig
 from lakeprop.errors import (
     ErrorCode,
     InvalidConfigError,
     InvalidSpecError,
     PermanentError,
+    SourceTableError,
     StateNotFoundError,
     TemporaryError,
 )
 from lakeprop.spec import JobKey
-from lakeprop.state import store as state
-from lakeprop.state.accounts import AccountRow, AccountsTable
-from lakeprop.state.catalog import CatalogRow
-from lakeprop.state.history import IterationHistory, rolled_forward
+from lakeprop.state.accounts import AccountRow
+from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
+from lakeprop.state.history import Reached, rolled_forward
 from lakeprop.state.status import JobState
 from lakeprop.state.store import (
     ACCOUNTS_TABLE,
@@ -48,7 +48,6 @@ from lakeprop.state.store import (
     USAGE_TABLE,
 )
 from lakeprop.state.usage import UsageRow, hour_of
-from lakeprop.tables.probe import DeltaLogProbe
 
 LATEST = "latest"
 """``wait_for_watermark``'s version meaning the source table's current version."""
@@ -57,17 +56,17 @@ T = TypeVar("T")
 
 
 class TableWatch:
-    """Tells whether a Delta table has a new commit since the last look, from a
-    listing of its log (no Spark job): waits re-read a state table only then."""
+    """Tells whether a Delta table has a new commit since the last look, from its
+    log alone (no Spark job): waits re-read a state table only then."""
 
-    def __init__(self, spark: SparkSession, path: str) -> None:
-        self.probe = DeltaLogProbe(spark)
+    def __init__(self, scan: Scan, path: str) -> None:
+        self.scan = scan
         self.path = path
         self.seen: int | None = None
         self.looked = False
 
     def changed(self) -> bool:
-        version = self.probe.latest_version(self.path)
+        version = self.scan.version(self.path)
         if self.looked and version == self.seen:
             return False
         self.seen, self.looked = version, True
@@ -188,57 +187,97 @@ def poll_until(
 
 
 class StateReader:
-    """The state tables' reader, bound to one service's ``state`` location."""
+    """The state tables' reader, bound to one service's ``state`` location, reading
+    with ``scan`` (by default Spark's: ``spark``, or ``getOrCreate`` when first
+    needed)."""
 
     def __init__(
         self,
         state_config: StateConfig | None = None,
-        spark: SparkSession | None = None,
+        spark: Any = None,
         tables: TablesConfig | None = None,
+        *,
+        scan: Scan | None = None,
     ) -> None:
         self.state = state_config or StateConfig()
         self.tables = tables
         """How sources resolve (the service's ``tables`` settings): needed for ``latest``."""
-        self._spark = spark
+        self.scan: Scan = scan if scan is not None else SparkScan(spark)
+
+    @classmethod
+    def without_spark(cls, config: AppConfig) -> StateReader:
+        """A reader of ``config``'s service with delta-rs: no JVM (the ``native`` extra)."""
+        return cls(
+            config.state,
+            tables=config.tables,
+            scan=LakeScan(config.engine.native_storage_options),
+        )
 
     @property
-    def spark(self) -> SparkSession:
-        if self._spark is None:
-            self._spark = SparkSession.builder.getOrCreate()
-        return self._spark
+    def spark(self) -> Any:
+        """The session of a Spark scan (notebooks, and the client's writes that read)."""
+        if not isinstance(self.scan, SparkScan):
+            raise InvalidConfigError("this state reader reads without Spark")
+        return self.scan.spark
 
-    def _catalog_rows(self, condition: Any = None) -> list[CatalogRow]:
-        path = self.state.table_path(CATALOG_TABLE)
-        if DeltaLogProbe(self.spark).latest_version(path) is None:
+    def _path(self, name: str) -> str:
+        return self.state.table_path(name)
+
+    def _read(self, name: str, query: Query) -> list[dict[str, Any]]:
+        """The rows of state table ``name`` that ``query`` selects; none when the
+        service has not created it (a service of an earlier release)."""
+        path = self._path(name)
+        if self.scan.version(path) is None:
+            return []
+        return self.scan.rows(path, query)
+
+    def _require_state(self) -> str:
+        """The catalog's path, or a clear error when there is no state at all."""
+        path = self._path(CATALOG_TABLE)
+        if self.scan.version(path) is None:
             raise StateNotFoundError(
                 f"no job catalog at {path}: the service has not run with state.location "
                 f"{self.state.location} yet (or the config points elsewhere)"
             )
-        df = state.read_table(self.spark, path)
-        if condition is not None:
-            df = df.where(condition)
-        return [CatalogRow.from_spark(r) for r in df.collect()]
+        return path
+
+    def _catalog_rows(self, *where: Condition) -> list[CatalogRow]:
+        path = self._require_state()
+        query = Query(tuple(CATALOG_SCHEMA.fieldNames()), where)
+        return [CatalogRow.from_spark(r) for r in self.scan.rows(path, query)]
+
+    def reached(self, database: str | None = None, table: str | None = None) -> Reached:
+        """Per job id and consumer digest: the highest version a successful member
+        reached, and when (``IterationHistory.latest_success``)."""
+        where = [eq("error_code", 0)]
+        if database is not None and table is not None:
+            where += [eq("database", database), eq("table", table)]
+        columns = ("database", "table", "to_version", "ended_at", "members")
+        runs = self._read(HISTORY_TABLE, Query(columns, tuple(where), explode="members"))
+        found: dict[tuple[int, str | None], tuple[int, datetime]] = {}
+        for run in runs:
+            slot = (run["job_id"], run.get("consumer_digest"))
+            best = found.get(slot)
+            if best is None or (run["to_version"], run["ended_at"]) > best:
+                found[slot] = (run["to_version"], run["ended_at"])
+        return found
 
     def _with_progress(
         self, rows: list[CatalogRow], database: str | None = None, table: str | None = None
     ) -> list[CatalogRow]:
         """The rows with the watermarks the iteration history records, where ahead."""
-        path = self.state.table_path(HISTORY_TABLE)
-        if (
-            not any(r.is_live for r in rows)
-            or DeltaLogProbe(self.spark).latest_version(path) is None
-        ):
+        if not any(r.is_live for r in rows):
             return rows
-        reached = IterationHistory(self.spark, path).latest_success(database, table)
+        reached = self.reached(database, table)
         return [rolled_forward(r, reached) or r for r in rows]
 
     def get_job_status(self, key: JobKey) -> JobInfo | None:
         """The live job with this key, or else its most recently dropped one."""
         rows = self._catalog_rows(
-            (F.col("account_id") == key.account_id)
-            & (F.col("database") == key.database)
-            & (F.col("table") == key.table)
-            & (F.col("job_name") == key.job_name)
+            eq("account_id", key.account_id),
+            eq("database", key.database),
+            eq("table", key.table),
+            eq("job_name", key.job_name),
         )
         best = current_row(rows)
         if best is None:
@@ -253,31 +292,29 @@ class StateReader:
         include_dropped: bool = False,
     ) -> list[JobInfo]:
         """Jobs, optionally of one state or one account, ordered by key."""
-        condition = F.lit(True)
+        where = []
         if state is not None:
-            condition &= F.col("job_state") == JobState(state).value
+            where.append(eq("job_state", JobState(state).value))
         if account_id is not None:
-            condition &= F.col("account_id") == account_id
+            where.append(eq("account_id", account_id))
         if not include_dropped:
-            condition &= F.col("drop_at").isNull()
-        return by_key(self._with_progress(self._catalog_rows(condition)))
+            where.append(Condition("drop_at", "is null"))
+        return by_key(self._with_progress(self._catalog_rows(*where)))
 
     def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
         """What jobs used, per job and hour (the ``usage`` table): of one account, from
         the hour of ``since`` on, oldest first. The service recomputes it from the
         iteration history every ``engine.usage_refresh_interval`` and at shutdown."""
-        self._catalog_rows(F.lit(False))  # no state at all: a clear error
-        path = self.state.table_path(USAGE_TABLE)
-        if DeltaLogProbe(self.spark).latest_version(path) is None:
-            return []  # a service of an earlier release
-        df = state.read_table(self.spark, path)
+        self._require_state()
+        where = []
         if account_id is not None:
-            df = df.where(F.col("account_id") == account_id)
+            where.append(eq("account_id", account_id))
         if since is not None:
-            df = df.where(F.col("hour") >= F.lit(hour_of(since)))
+            where.append(Condition("hour", ">=", hour_of(since)))
         # columns a table of an earlier release gained empty take their defaults
         rows = [
-            UsageRow(**{k: v for k, v in r.asDict().items() if v is not None}) for r in df.collect()
+            UsageRow(**{k: v for k, v in r.items() if v is not None})
+            for r in self._read(USAGE_TABLE, Query(None, tuple(where)))
         ]
         return sorted(rows, key=lambda u: (u.hour, u.account_id, u.job_id))
 
@@ -286,22 +323,21 @@ class StateReader:
         it has been paused by backpressure or waiting, as the service last published
         them (every ``engine.status_flush_interval`` when they changed, and at
         shutdown; ``updated_at`` says when)."""
-        self._catalog_rows(F.lit(False))  # no state at all: a clear error
-        return AccountsTable(self.spark, self.state.table_path(ACCOUNTS_TABLE)).read()
+        self._require_state()
+        rows = self._read(ACCOUNTS_TABLE, Query(order=("account_id",)))
+        return [AccountRow(**r) for r in rows]
 
     def bulk_status(self, bulk_id: str) -> BulkStatus | None:
         """A bulk operation with its tasks (in task order), or None if the service has
         not recorded it (yet)."""
-        self._catalog_rows(F.lit(False))  # no state at all: a clear error
-        tables = BulkTables(
-            self.spark,
-            self.state.table_path(BULK_OPERATIONS_TABLE),
-            self.state.table_path(BULK_TASKS_TABLE),
+        self._require_state()
+        found = self._read(BULK_OPERATIONS_TABLE, Query(where=(eq("bulk_id", bulk_id),)))
+        if not found:
+            return None
+        tasks = self._read(
+            BULK_TASKS_TABLE, Query(where=(eq("bulk_id", bulk_id),), order=("task_no",))
         )
-        if DeltaLogProbe(self.spark).latest_version(tables.operations_path) is None:
-            return None  # a service of an earlier release
-        found = tables.operations(bulk_id)
-        return BulkStatus(found[0], tables.tasks([bulk_id])) if found else None
+        return BulkStatus(BulkOperation.from_row(found[0]), [BulkTask.from_row(t) for t in tasks])
 
     def wait_for_bulk(
         self,
@@ -344,18 +380,15 @@ class StateReader:
         """What the service made of a request, once it has processed it: of the message
         of ``receipt`` when given (a request id sent twice has two verdicts), else
         of the first message with the id."""
-        path = self.state.table_path(REQUESTS_TABLE)
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            return None  # the service has not started on this state yet
-        condition = F.col("request_id") == request_id
+        where = [eq("request_id", request_id)]
         if receipt is not None:
-            condition &= (
-                (F.col("topic") == receipt.topic)
-                & (F.col("partition") == receipt.partition)
-                & (F.col("offset") == receipt.offset)
-            )
-        rows = state.read_table(self.spark, path).where(condition).orderBy("offset").collect()
-        return rows[0].asDict() if rows else None
+            where += [
+                eq("topic", receipt.topic),
+                eq("partition", receipt.partition),
+                eq("offset", receipt.offset),
+            ]
+        rows = self._read(REQUESTS_TABLE, Query(where=tuple(where), order=("offset",)))
+        return rows[0] if rows else None
 
     def wait_for_outcome(
         self,
@@ -388,16 +421,26 @@ class StateReader:
 
     def source_version(self, database: str, table: str) -> int:
         """The current Delta version of a source table, resolved as the service does."""
-        from lakeprop.tables.resolve import Tables
-
         if self.tables is None:
             raise InvalidConfigError(
                 "the client needs the service's tables settings to resolve a source: "
                 "LakepropClient(kafka, state, spark, tables=config.tables)"
             )
-        resolved = Tables(self.spark, self.tables)
-        resolved.describe(database, table)  # a clear error for a missing source
-        version = DeltaLogProbe(self.spark).latest_version(resolved.location(database, table))
+        if isinstance(self.scan, SparkScan):
+            from lakeprop.tables.resolve import Tables
+
+            resolved = Tables(self.spark, self.tables)
+            resolved.describe(database, table)  # a clear error for a missing source
+            location = resolved.location(database, table)
+        elif self.tables.resolution == "path":
+            location = f"{self.tables.warehouse.rstrip('/')}/{database}/{table}"
+            if self.scan.version(location) is None:
+                raise SourceTableError(
+                    f"source {database}.{table} ({location}) is not a Delta table"
+                )
+        else:
+            raise InvalidConfigError("reading a source without Spark needs path tables")
+        version = self.scan.version(location)
         if version is None:
             raise PermanentError(
                 f"source {database}.{table} has no readable Delta log", ErrorCode.SOURCE_NOT_DELTA
@@ -465,11 +508,11 @@ class StateReader:
         return found
 
     def _watches(self, *tables: str) -> list[TableWatch]:
-        return [TableWatch(self.spark, self.state.table_path(name)) for name in tables]
+        return [TableWatch(self.scan, self._path(name)) for name in tables]
 
     def _job(self, key: JobKey) -> JobInfo | None:
         """``get_job_status``, or None while the service has not created its state."""
-        if not DeltaTable.isDeltaTable(self.spark, self.state.table_path(CATALOG_TABLE)):
+        if self.scan.version(self._path(CATALOG_TABLE)) is None:
             return None
         return self.get_job_status(key)
 

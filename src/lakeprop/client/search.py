@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeprop.client.lake import Lake, local_times
-from lakeprop.client.lakereads import LakeStateReader
+from lakeprop.client.reads import StateReader
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Bm25, Tokenizer
 from lakeprop.errors import LakepropError
@@ -40,7 +40,7 @@ class SearchHit:
 def job_options(config: AppConfig, key: JobKey, consumer_type: str) -> dict[str, Any]:
     """The consumer options of the live job ``key``, which must be of ``consumer_type``
     (read from the catalog without Spark), or SearchError."""
-    info = LakeStateReader(config.state, config.engine.native_storage_options).get_job_status(key)
+    info = StateReader.without_spark(config).get_job_status(key)
     if info is None or info.drop_at is not None:
         raise SearchError(f"no job {key}")
     consumer = info.spec["iteration"]["consumer"]

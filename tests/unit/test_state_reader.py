@@ -1,0 +1,149 @@
+"""The state reader's queries, run on tables held in memory: jobs with the watermarks
+the history records, usage from an hour on, bulk operations, verdicts, waits."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from datetime import datetime
+
+import pytest
+
+from devkit.memscan import MemoryScan
+from devkit.specs import replica_spec
+from lakeprop.client.log import Receipt
+from lakeprop.client.reads import StateReader
+from lakeprop.client.scans import Condition, Query
+from lakeprop.config import StateConfig
+from lakeprop.errors import PermanentError, StateNotFoundError
+from lakeprop.spec import JobKey
+from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
+from lakeprop.state.history import consumer_digest
+from lakeprop.state.status import EMPTY_STATUS, JobState
+from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE, USAGE_TABLE
+from lakeprop.state.usage import UsageRow
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 1, 9)
+STATE = StateConfig(location="/state", checkpoint_location="/checkpoint")
+
+
+def job(name: str, job_id: int, watermark: int | None, **changes: object) -> CatalogRow:
+    row = CatalogRow(
+        account_id=1,
+        database="shop",
+        table="items",
+        job_name=name,
+        job_id=job_id,
+        table_id="tid",
+        job_spec=replica_spec().canonical(),
+        job_state=JobState.COMPLETED,
+        watermark=watermark,
+        watermark_ts=T0,
+        job_status=EMPTY_STATUS,
+        create_at=T0,
+        drop_at=None,
+        owner=None,
+        log_partition=0,
+        log_offset=job_id,
+    )
+    return replace(row, **changes)  # type: ignore[arg-type]
+
+
+def catalog_row(row: CatalogRow) -> dict[str, object]:
+    values = dict(zip(CATALOG_SCHEMA.fieldNames(), row.as_tuple(), strict=True))
+    values["job_state"] = row.job_state.value
+    return values
+
+
+def run(to_version: int, ended: datetime, *members: tuple[int, int]) -> dict[str, object]:
+    """A history row: its members as (job id, error code)."""
+    digest = consumer_digest(replica_spec().iteration.consumer.canonical())
+    return {
+        "database": "shop",
+        "table": "items",
+        "to_version": to_version,
+        "ended_at": ended,
+        "members": [
+            {"job_id": j, "error_code": code, "consumer_digest": digest} for j, code in members
+        ],
+    }
+
+
+@pytest.fixture
+def scan() -> MemoryScan:
+    scan = MemoryScan()
+    rows = [
+        job("copy", 1, 3),
+        job("idx", 2, None, job_state=JobState.ERROR),
+        job("old", 3, 1, drop_at=T0),
+    ]
+    scan.write(STATE.table_path(CATALOG_TABLE), [catalog_row(r) for r in rows])
+    scan.write(
+        STATE.table_path(HISTORY_TABLE),
+        [run(5, T0.replace(minute=5), (1, 0), (2, 10400)), run(7, T0.replace(minute=7), (1, 0))],
+    )
+    return scan
+
+
+def test_jobs_come_with_the_watermarks_the_history_records(scan: MemoryScan) -> None:
+    reader = StateReader(STATE, scan=scan)
+    copy = reader.get_job_status(JobKey(1, "shop", "items", "copy"))
+    assert copy is not None and (copy.watermark, copy.state) == (7, "completed")
+    listed = reader.list_jobs()
+    assert [(j.key.job_name, j.watermark, j.state) for j in listed] == [
+        ("copy", 7, "completed"),
+        ("idx", None, "error"),  # its failures count for nothing
+    ]
+    assert [j.key.job_name for j in reader.list_jobs(include_dropped=True)] == [
+        "copy",
+        "idx",
+        "old",
+    ]
+    assert [j.key.job_name for j in reader.list_jobs(state="error")] == ["idx"]
+    assert reader.list_jobs(account_id=2) == []
+
+
+def test_without_state_the_reader_says_where_it_looked() -> None:
+    reader = StateReader(STATE, scan=MemoryScan())
+    with pytest.raises(StateNotFoundError, match="no job catalog at /state/catalog"):
+        reader.list_jobs()
+    with pytest.raises(StateNotFoundError):
+        reader.usage()
+
+
+def test_usage_from_an_hour_on_and_outcomes_of_one_message(scan: MemoryScan) -> None:
+    hours = [UsageRow(1, "shop", "items", "copy", 1, T0.replace(hour=h)) for h in (8, 9, 10)]
+    scan.write(STATE.table_path(USAGE_TABLE), [asdict(u) for u in hours])
+    reader = StateReader(STATE, scan=scan)
+    assert reader.usage(since=T0.replace(minute=30)) == hours[1:]
+    assert reader.usage(account_id=2) == []
+
+    receipt = Receipt("r1", "log", 0, 11, T0)
+    verdicts = [
+        {"request_id": "r1", "topic": "log", "partition": 0, "offset": 11, "outcome": "applied"},
+        {"request_id": "r1", "topic": "log", "partition": 0, "offset": 12, "outcome": "rejected"},
+    ]
+    scan.write(STATE.table_path(REQUESTS_TABLE), verdicts)
+    assert reader.request_outcome("r1", replace(receipt, offset=12)) == verdicts[1]
+    assert reader.request_outcome("r1") == verdicts[0]
+    assert reader.wait_for_outcome(receipt, timeout=0) == verdicts[0]
+
+
+def test_a_wait_for_a_job_in_error_says_so(scan: MemoryScan) -> None:
+    reader = StateReader(STATE, scan=scan)
+    assert (
+        reader.wait_for_watermark(JobKey(1, "shop", "items", "copy"), 6, timeout=0).watermark == 7
+    )
+    with pytest.raises(PermanentError, match="is in error"):
+        reader.wait_for_watermark(JobKey(1, "shop", "items", "idx"), 6, timeout=0)
+
+
+def test_a_query_keeps_the_columns_asked_and_explodes_a_list() -> None:
+    rows = [{"a": 1, "b": None, "xs": [{"x": 2}, {"x": 3}]}, {"a": 0, "b": 5, "xs": []}]
+    assert Query(("a",), order=("a",)).in_memory(rows) == [{"a": 0}, {"a": 1}]
+    assert Query(("a", "xs"), (Condition("x", ">=", 3),), explode="xs").in_memory(rows) == [
+        {"a": 1, "x": 3}
+    ]
+    assert Query(None, (Condition("b", "is null"),)).in_memory(rows) == [rows[0]]
+    assert Query(None, (Condition("b", ">=", 0),)).in_memory(rows) == [rows[1]]  # NULL is no match
