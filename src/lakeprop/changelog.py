@@ -44,7 +44,8 @@ from enum import Enum
 from typing import Any
 
 from lakeprop.config import KafkaConfig
-from lakeprop.errors import BrokerError, ErrorCode, InvalidMessageError, InvalidSpecError
+from lakeprop.errors import ErrorCode, InvalidMessageError, InvalidSpecError
+from lakeprop.kafka import create_topic
 from lakeprop.spec import JobKey, JobSpec
 
 ENVELOPE_VERSION = 1
@@ -374,21 +375,3 @@ def ensure_topic(kafka: KafkaConfig, timeout: float = 30.0) -> None:
         {"retention.ms": "-1", "max.message.bytes": str(topic_max_message_bytes(kafka))},
         timeout,
     )
-
-
-def create_topic(
-    kafka: KafkaConfig, name: str, partitions: int, config: Mapping[str, str], timeout: float
-) -> None:
-    """Create topic ``name`` on the change log's broker unless it exists."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
-
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=-1, config=dict(config))
-    try:
-        admin.create_topics([topic], request_timeout=timeout)[name].result(timeout)
-    except KafkaException as exc:
-        error = exc.args[0]
-        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise BrokerError(f"could not create topic {name}: {error.str()}") from None

@@ -21,10 +21,10 @@ import json
 import logging
 from dataclasses import dataclass
 
-from lakeprop.changelog import create_topic
 from lakeprop.config import KafkaConfig
 from lakeprop.errors import InvalidMessageError
 from lakeprop.identifiers import validate_identifier
+from lakeprop.kafka import create_topic
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ LAYERS = {
     "spec": 1,
     "config": 1,
     "changelog": 1,
+    "kafka": 1,
     "notifications": 1,
     "faults": 1,
     "session": 1,

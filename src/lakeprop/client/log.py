@@ -22,6 +22,7 @@ from lakeprop.changelog import Operation, encode, encode_bulk
 from lakeprop.config import KafkaConfig, NotificationsConfig
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.identifiers import validate_identifier
+from lakeprop.kafka import settings
 from lakeprop.notifications import CommitNotice, ensure_notice_topic
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.status import JobState
@@ -67,14 +68,15 @@ KAFKA_LOG.addFilter(Repeats())
 
 
 def producer_config(kafka: KafkaConfig) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": kafka.bootstrap_servers,
-        "enable.idempotence": True,
-        "acks": "all",
-        "delivery.timeout.ms": int(kafka.delivery_timeout * 1000),
-        "logger": KAFKA_LOG,
-        **kafka.options,
-    }
+    return settings(
+        kafka,
+        defaults={
+            "enable.idempotence": True,
+            "acks": "all",
+            "delivery.timeout.ms": int(kafka.delivery_timeout * 1000),
+            "logger": KAFKA_LOG,
+        },
+    )
 
 
 class ChangeLogWriter:

@@ -43,6 +43,7 @@ from typing import Any
 
 from lakeprop.config import ClusterConfig, KafkaConfig
 from lakeprop.errors import BrokerError
+from lakeprop.kafka import admin, create_topic, settings
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,6 @@ class Claim:
 
 def ensure_topics(kafka: KafkaConfig, cluster: ClusterConfig, timeout: float = 30.0) -> None:
     """Create the membership topic (one partition per slot) and its status topic."""
-    from lakeprop.changelog import create_topic
-
     topic = cluster.members_topic(kafka.topic)
     create_topic(kafka, topic, cluster.slots, {"retention.ms": str(7 * 86_400_000)}, timeout)
     create_topic(
@@ -80,10 +79,7 @@ def ensure_topics(kafka: KafkaConfig, cluster: ClusterConfig, timeout: float = 3
 
 
 def _check_partitions(kafka: KafkaConfig, topic: str, slots: int, timeout: float) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
-    found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    found = admin(kafka).list_topics(topic, timeout=timeout).topics.get(topic)
     count = len(found.partitions) if found is not None and found.error is None else 0
     if count != slots:
         raise BrokerError(
@@ -112,12 +108,9 @@ def unreleased_writers(
     if not wanted:
         return []
     consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            **kafka.options,
-            "group.id": "lakeprop-membership-reader",
-            "enable.auto.commit": False,
-        }
+        settings(
+            kafka, fixed={"group.id": "lakeprop-membership-reader", "enable.auto.commit": False}
+        )
     )
     records: dict[int, list[dict[str, Any]]] = {slot: [] for slot in wanted}
     try:
@@ -292,7 +285,7 @@ class Seat:
 
         ensure_topics(self.kafka, self.cluster, timeout)
         self._stop.clear()
-        common = {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.options}
+        common = settings(self.kafka)
         self._producer = Producer({**common, "client.id": self.instance, "linger.ms": 0})
         self._consumer = Consumer(
             {

@@ -16,6 +16,7 @@ from typing import Any
 
 from lakeprop.config import ClusterConfig, KafkaConfig
 from lakeprop.errors import BrokerError
+from lakeprop.kafka import admin, settings
 from lakeprop.membership.group import STATUS_SUFFIX, group_id
 from lakeprop.membership.slots import owned_tables, tables_by_slot
 
@@ -43,12 +44,7 @@ def latest_statuses(
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            **kafka.options,
-            "group.id": "lakeprop-members-reader",
-            "enable.auto.commit": False,
-        }
+        settings(kafka, fixed={"group.id": "lakeprop-members-reader", "enable.auto.commit": False})
     )
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
@@ -79,15 +75,14 @@ def members(
 ) -> list[Member]:
     """The group's members now, with the tables of ``tables`` each owns."""
     from confluent_kafka import ConsumerGroupState, KafkaException
-    from confluent_kafka.admin import AdminClient
 
     topic = cluster.members_topic(kafka.topic)
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.options})
+    client = admin(kafka)
     group = group_id(topic)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            future = admin.describe_consumer_groups([group], request_timeout=timeout)[group]
+            future = client.describe_consumer_groups([group], request_timeout=timeout)[group]
             description = future.result(timeout)
             break
         except KafkaException as exc:

@@ -10,6 +10,7 @@ from typing import Any
 
 from lakeprop.config import KafkaConfig
 from lakeprop.errors import BrokerError, InvalidMessageError
+from lakeprop.kafka import settings
 from lakeprop.notifications import CommitNotice, ensure_notice_topic
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,14 @@ class NoticeListener:
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(
-            {
-                "bootstrap.servers": self.kafka.bootstrap_servers,
-                "group.id": f"lakeprop-notices-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "log_level": 3,
-                **self.kafka.options,
-            }
+            settings(
+                self.kafka,
+                defaults={
+                    "group.id": f"lakeprop-notices-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                    "log_level": 3,
+                },
+            )
         )
         partitions = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic].partitions
         ends = []

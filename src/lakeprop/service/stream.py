@@ -21,6 +21,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.changelog import LogRecord
 from lakeprop.config import AppConfig, KafkaConfig
+from lakeprop.kafka import spark_options
 from lakeprop.tables.hadoop import Files
 
 RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "is_tick")
@@ -32,13 +33,11 @@ def changelog_source(spark: SparkSession, kafka: KafkaConfig) -> DataFrame:
     """The change log topic as a stream of Kafka records."""
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .options(**spark_options(kafka))
         .option("subscribe", kafka.topic)
         .option("startingOffsets", kafka.starting_offsets)
         .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
     )
-    for name, value in kafka.options.items():
-        reader = reader.option(f"kafka.{name}", value)
     for name, value in kafka.source_options.items():
         reader = reader.option(name, value)
     return reader.load().select(
