@@ -59,9 +59,9 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _type(name: str, annotation: Any) -> str:
+def _type(f: Any, annotation: Any) -> str:
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    if name in config_module._DURATIONS:
+    if config_module.is_duration(f):
         return "duration"
     kinds = {
         "str": "string",
@@ -83,14 +83,14 @@ def _duration(seconds: float) -> str:
     return f"{int(seconds * 1000)}ms"
 
 
-def _default(name: str, f: Any) -> str:
+def _default(f: Any) -> str:
     if f.default is not MISSING:
         value = f.default
     elif f.default_factory is not MISSING:
         value = f.default_factory()
     else:
         return "required"
-    if name in config_module._DURATIONS:
+    if config_module.is_duration(f):
         return f"`{_duration(float(value))}`"
     if value is None:
         return "none"
@@ -109,7 +109,7 @@ def _default(name: str, f: Any) -> str:
 
 def _settings(cls: type, prefix: str) -> Iterator[str]:
     docs = field_docs(cls)
-    hints = typing.get_type_hints(cls, vars(config_module))
+    hints = typing.get_type_hints(cls)
     for f in fields(cls):
         if is_dataclass(hints.get(f.name)):
             continue
@@ -118,8 +118,8 @@ def _settings(cls: type, prefix: str) -> Iterator[str]:
         )
         cells = [
             f"`{prefix}{f.name}`",
-            _type(f.name, raw),
-            _default(f.name, f),
+            _type(f, raw),
+            _default(f),
             docs.get(f.name, ""),
         ]
         yield "| " + " | ".join(cells) + " |"
@@ -131,7 +131,7 @@ def _declares(klass: type, name: str) -> bool:
 
 def configuration() -> str:
     app = config_module.AppConfig
-    hints = typing.get_type_hints(app, vars(config_module))
+    hints = typing.get_type_hints(app)
     out = [
         "# Configuration",
         "",

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import typing
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lakeprop.config import AppConfig, SparkConfig, load_config
+from lakeprop.config import AppConfig, SparkConfig, is_duration, load_config
 from lakeprop.errors import InvalidConfigError
 from lakeprop.session import client_spark_config
 from lakeprop.stack import spark_packages
@@ -93,3 +97,40 @@ def test_a_client_session_is_local_and_brings_delta_unless_the_config_says_other
         "local[2]",
         (),
     )
+
+
+def _sections(cls: type, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Every setting: (dotted name, field, resolved type)."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            found += _sections(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            found.append((f"{prefix}{f.name}", f, hints[f.name]))
+    return found
+
+
+def test_every_setting_is_converted_by_its_field_not_by_its_name() -> None:
+    """A duration is marked on its field, a list or a table by its type: a renamed
+    field keeps its conversion."""
+    settings = _sections(AppConfig)
+    durations = [name for name, f, _ in settings if is_duration(f)]
+    assert len(durations) == 15
+    given = {name: '"2m"' for name in durations} | {"cluster.session_timeout": '"6m"'}
+    config = load_config(overrides=given)
+    for name in set(durations) - {"cluster.session_timeout"}:
+        section, _, leaf = name.rpartition(".")
+        holder = config if not section else getattr(config, section)
+        assert getattr(holder, leaf) == 120.0, name
+    tables = [name for name, _, hint in settings if hint == Mapping[str, str]]
+    assert tables == [
+        "kafka.options",
+        "kafka.source_options",
+        "spark.conf",
+        "engine.native_storage_options",
+    ]
+    config = load_config(overrides={name: '{"a": 1}' for name in tables})
+    assert config.spark.conf == {"a": "1"}
+    with pytest.raises(InvalidConfigError, match=r"spark\.packages must be a list"):
+        load_config(overrides={"spark.packages": '"x"'})
