@@ -28,6 +28,7 @@ from lakeprop.changelog import BulkCommand, spec_update_of
 from lakeprop.errors import ErrorCode, InvalidMessageError
 from lakeprop.identifiers import validate_identifier
 from lakeprop.spec import JobKey, canonical_json
+from lakeprop.state.schema import Int32, row_tuple
 from lakeprop.state.status import JobState
 
 
@@ -228,14 +229,14 @@ class BulkTask:
     """One matched job of a bulk operation (a ``bulk_tasks`` row, in its column order)."""
 
     bulk_id: str
-    task_no: int
+    task_no: Int32
     account_id: int
     database: str
     table: str
     job_name: str
     job_id: int
     state: TaskState
-    attempts: int
+    attempts: Int32
     before: str | None
     """The job before the task ran (:func:`image`)."""
     after: str | None
@@ -251,9 +252,7 @@ class BulkTask:
         return json.loads(self.before) if self.before else {}
 
     def as_tuple(self) -> tuple[Any, ...]:
-        values = [getattr(self, f.name) for f in fields(self)]
-        values[7] = self.state.value
-        return tuple(values)
+        return row_tuple(self)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | Any) -> BulkTask:
@@ -274,11 +273,11 @@ class BulkOperation:
     params: str
     """The operation's parameters as canonical JSON (update_spec: spec, interrupt)."""
     state: BulkState
-    tasks: int
+    tasks: Int32
     created_at: datetime
     updated_at: datetime
     log_topic: str
-    log_partition: int
+    log_partition: Int32
     log_offset: int
     """Where the request came from in the change log."""
 
@@ -287,10 +286,7 @@ class BulkOperation:
         return result
 
     def as_tuple(self) -> tuple[Any, ...]:
-        values = [getattr(self, f.name) for f in fields(self)]
-        values[2] = self.operation.value
-        values[5] = self.state.value
-        return tuple(values)
+        return row_tuple(self)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | Any) -> BulkOperation:

@@ -12,53 +12,14 @@ from collections.abc import Iterable, Sequence
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from lakeprop.bulk.model import BulkOperation, BulkTask
 from lakeprop.state import store as state
+from lakeprop.state.schema import spark_schema
 from lakeprop.tables.probe import DeltaLogProbe
 
-BULK_OPERATIONS_SCHEMA = StructType(
-    [
-        StructField("bulk_id", StringType(), False),
-        StructField("account_id", LongType(), False),
-        StructField("operation", StringType(), False),
-        StructField("selector", StringType(), False),
-        StructField("params", StringType(), False),
-        StructField("state", StringType(), False),
-        StructField("tasks", IntegerType(), False),
-        StructField("created_at", TimestampType(), False),
-        StructField("updated_at", TimestampType(), False),
-        StructField("log_topic", StringType(), False),
-        StructField("log_partition", IntegerType(), False),
-        StructField("log_offset", LongType(), False),
-    ]
-)
-
-BULK_TASKS_SCHEMA = StructType(
-    [
-        StructField("bulk_id", StringType(), False),
-        StructField("task_no", IntegerType(), False),
-        StructField("account_id", LongType(), False),
-        StructField("database", StringType(), False),
-        StructField("table", StringType(), False),
-        StructField("job_name", StringType(), False),
-        StructField("job_id", LongType(), False),
-        StructField("state", StringType(), False),
-        StructField("attempts", IntegerType(), False),
-        StructField("before", StringType(), True),
-        StructField("after", StringType(), True),
-        StructField("detail", StringType(), False),
-        StructField("updated_at", TimestampType(), False),
-    ]
-)
+BULK_OPERATIONS_SCHEMA = spark_schema(BulkOperation)
+BULK_TASKS_SCHEMA = spark_schema(BulkTask)
 
 
 class BulkTables:

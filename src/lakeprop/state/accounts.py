@@ -16,45 +16,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import (
-    IntegerType,
-    LongType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from lakeprop.state import store as state
+from lakeprop.state.schema import Int32, row_tuple, spark_schema
 from lakeprop.tables.probe import DeltaLogProbe
 
 log = logging.getLogger(__name__)
 
-ACCOUNTS_SCHEMA = StructType(
-    [
-        StructField("account_id", LongType(), False),
-        StructField("queued", IntegerType(), False),
-        StructField("running", IntegerType(), False),
-        StructField("rows_in_flight", LongType(), False),
-        StructField("bytes_in_flight", LongType(), False),
-        StructField("paused_since", TimestampType(), True),
-        StructField("waiting_since", TimestampType(), True),
-        StructField("updated_at", TimestampType(), False),
-    ]
-)
-
 
 @dataclass(frozen=True)
 class AccountRow:
-    """One account's load (fields in ACCOUNTS_SCHEMA order)."""
+    """One account's load: a row of :data:`ACCOUNTS_SCHEMA`."""
 
     account_id: int
-    queued: int
-    running: int
+    queued: Int32
+    running: Int32
     rows_in_flight: int
     bytes_in_flight: int
     paused_since: datetime | None
@@ -64,7 +45,10 @@ class AccountRow:
     updated_at: datetime
 
     def as_tuple(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        return row_tuple(self)
+
+
+ACCOUNTS_SCHEMA = spark_schema(AccountRow)
 
 
 class AccountsTable:

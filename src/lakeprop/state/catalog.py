@@ -16,54 +16,30 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql.types import (
-    IntegerType,
-    LongType,
-    StringType,
     StructField,
     StructType,
-    TimestampType,
 )
 
 from lakeprop.changelog import LogRecord
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state import store as state
+from lakeprop.state.schema import Int32, row_tuple, spark_schema
 from lakeprop.state.shared import Signed, signed_session, with_retries
 from lakeprop.state.status import JobState
 
 log = logging.getLogger(__name__)
 
-CATALOG_SCHEMA = StructType(
-    [
-        StructField("account_id", LongType(), False),
-        StructField("database", StringType(), False),
-        StructField("table", StringType(), False),
-        StructField("job_name", StringType(), False),
-        StructField("job_id", LongType(), False),
-        StructField("table_id", StringType(), False),
-        StructField("job_spec", StringType(), False),
-        StructField("job_state", StringType(), False),
-        StructField("watermark", LongType(), True),
-        StructField("watermark_ts", TimestampType(), True),
-        StructField("job_status", StringType(), False),
-        StructField("create_at", TimestampType(), False),
-        StructField("drop_at", TimestampType(), True),
-        StructField("owner", StringType(), True),
-        StructField("log_partition", IntegerType(), False),
-        StructField("log_offset", LongType(), False),
-    ]
-)
-
 
 @dataclass(frozen=True)
 class CatalogRow:
-    """One job as stored in the catalog (field order = CATALOG_SCHEMA)."""
+    """One job as stored in the catalog: a row of :data:`CATALOG_SCHEMA`."""
 
     account_id: int
     database: str
@@ -80,7 +56,7 @@ class CatalogRow:
     create_at: datetime
     drop_at: datetime | None
     owner: str | None
-    log_partition: int
+    log_partition: Int32
     log_offset: int
 
     @property
@@ -103,18 +79,19 @@ class CatalogRow:
         return self.spec().iteration.consumer.canonical()
 
     def as_tuple(self) -> tuple[Any, ...]:
-        values = {f.name: getattr(self, f.name) for f in CATALOG_SCHEMA.fields}
-        values["job_state"] = self.job_state.value
-        return tuple(values.values())
+        return row_tuple(self)
 
     @classmethod
     def from_spark(cls, row: Any) -> CatalogRow:
-        values = {f.name: row[f.name] for f in CATALOG_SCHEMA.fields}
+        values = {f.name: row[f.name] for f in fields(cls)}
         values["job_state"] = JobState(values["job_state"])
         return cls(**values)
 
     def touched_by(self, record: LogRecord) -> CatalogRow:
         return replace(self, log_partition=record.partition, log_offset=record.offset)
+
+
+CATALOG_SCHEMA = spark_schema(CatalogRow)
 
 
 class RowScope(Enum):

@@ -12,90 +12,39 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from lakeprop.state import store as state
 from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.schema import ADDED_LATER, Int32, row_tuple, spark_schema
 from lakeprop.state.shared import Signed, with_retries
 from lakeprop.state.status import JobState
 
 Reached = Mapping[tuple[int, "str | None"], tuple[int, datetime]]
 """Per job id and consumer digest: the last version a success reached, and when."""
 
-# Delta accepts no NOT NULL constraint nested in an array: member fields are nullable.
-MEMBER_SCHEMA = StructType(
-    [
-        StructField("job_id", LongType(), True),
-        StructField("job_name", StringType(), True),
-        StructField("consumer_type", StringType(), True),
-        StructField("from_version", LongType(), True),
-        StructField("rows_written", LongType(), True),
-        StructField("error_code", IntegerType(), True),
-        StructField("error_msg", StringType(), True),
-        StructField("consumer_digest", StringType(), True),
-    ]
-)
-
-HISTORY_SCHEMA = StructType(
-    [
-        StructField("iteration_id", StringType(), False),
-        StructField("account_id", LongType(), False),
-        StructField("database", StringType(), False),
-        StructField("table", StringType(), False),
-        StructField("kind", StringType(), False),
-        StructField("from_version", LongType(), True),
-        StructField("to_version", LongType(), False),
-        StructField("rows_read", LongType(), False),
-        StructField("source_scans", IntegerType(), False),
-        StructField("resync_reason", StringType(), False),
-        StructField("started_at", TimestampType(), False),
-        StructField("ended_at", TimestampType(), False),
-        StructField("outcome", StringType(), False),
-        StructField("error_code", IntegerType(), False),
-        StructField("error_msg", StringType(), False),
-        StructField("members", ArrayType(MEMBER_SCHEMA, True), False),
-        StructField("spark_jobs", IntegerType(), True),
-        StructField("queued_seconds", DoubleType(), True),
-        StructField("task_seconds", DoubleType(), True),
-        StructField("bytes_cached", LongType(), True),
-        StructField("paused_seconds", DoubleType(), True),
-        StructField("path", StringType(), True),
-        StructField("owner", StringType(), True),
-    ]
-)
-
 
 @dataclass(frozen=True)
 class MemberRecord:
-    """One job's part in a recorded iteration (fields in MEMBER_SCHEMA order)."""
+    """One job's part in a recorded iteration: an element of ``members``."""
 
     job_id: int
     job_name: str
     consumer_type: str
     from_version: int | None
     rows_written: int
-    error_code: int
+    error_code: Int32
     error_msg: str
     consumer_digest: str | None = None
     """:func:`consumer_digest` of the consumer spec the member ran with."""
 
     def as_tuple(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in MEMBER_SCHEMA.fields)
+        return row_tuple(self)
 
 
 def consumer_digest(consumer_spec: str) -> str:
@@ -105,7 +54,7 @@ def consumer_digest(consumer_spec: str) -> str:
 
 @dataclass(frozen=True)
 class IterationRecord:
-    """One row of the iteration history (fields in HISTORY_SCHEMA order)."""
+    """One row of the iteration history: a row of :data:`HISTORY_SCHEMA`."""
 
     iteration_id: str
     account_id: int
@@ -115,32 +64,33 @@ class IterationRecord:
     from_version: int | None
     to_version: int
     rows_read: int
-    source_scans: int
+    source_scans: Int32
     resync_reason: str
     started_at: datetime
     ended_at: datetime
     outcome: str
-    error_code: int
+    error_code: Int32
     error_msg: str
     members: list[MemberRecord]
-    spark_jobs: int
-    queued_seconds: float = 0.0
+    spark_jobs: Int32 = field(metadata=ADDED_LATER)
+    queued_seconds: float = field(default=0.0, metadata=ADDED_LATER)
     """From planned to a worker starting it (the wait for a share of the workers)."""
     task_seconds: float | None = None
     """Executor run time of the iteration's Spark tasks (None: not known)."""
     bytes_cached: int | None = None
     """Bytes the change set or snapshot held in Spark's cache (None: not known)."""
-    paused_seconds: float = 0.0
+    paused_seconds: float = field(default=0.0, metadata=ADDED_LATER)
     """The part of ``queued_seconds`` its account spent paused by backpressure."""
-    path: str = "spark"
+    path: str = field(default="spark", metadata=ADDED_LATER)
     """Which way the iteration ran: ``spark``, or ``native`` (delta-rs in the driver)."""
     owner: str | None = None
     """``<instance>@<epoch>`` of the instance that ran it (``cluster.enabled``)."""
 
     def as_tuple(self) -> tuple[Any, ...]:
-        values = {f.name: getattr(self, f.name) for f in HISTORY_SCHEMA.fields}
-        values["members"] = [m.as_tuple() for m in self.members]
-        return tuple(values.values())
+        return row_tuple(self)
+
+
+HISTORY_SCHEMA = spark_schema(IterationRecord)
 
 
 class IterationHistory:

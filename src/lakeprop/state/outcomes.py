@@ -15,25 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from lakeprop.changelog import BulkCommand, Command, LogRecord, best_effort_request_id
 from lakeprop.errors import LakepropError
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
+from lakeprop.state.schema import Int32, row_tuple, spark_schema
 from lakeprop.state.shared import with_retries
 
 MAX_STORED_PAYLOAD = 65_536
@@ -107,41 +100,80 @@ class RecordedVerdict:
     table_id: str | None
 
 
-REQUESTS_SCHEMA = StructType(
-    [
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("offset", LongType(), False),
-        StructField("request_id", StringType(), True),
-        StructField("op", StringType(), True),
-        StructField("account_id", LongType(), True),
-        StructField("database", StringType(), True),
-        StructField("table", StringType(), True),
-        StructField("job_name", StringType(), True),
-        StructField("job_id", LongType(), True),
-        StructField("table_id", StringType(), True),
-        StructField("outcome", StringType(), False),
-        StructField("error_code", IntegerType(), False),
-        StructField("detail", StringType(), False),
-        StructField("log_timestamp", TimestampType(), False),
-        StructField("batch_id", LongType(), False),
-    ]
-)
+@dataclass(frozen=True)
+class RequestRow:
+    """A row of the ``requests`` table: the verdict on a message that names a request."""
 
-REJECTS_SCHEMA = StructType(
-    [
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("offset", LongType(), False),
-        StructField("log_timestamp", TimestampType(), False),
-        StructField("message_key", StringType(), True),
-        StructField("payload", BinaryType(), True),
-        StructField("payload_size", IntegerType(), False),
-        StructField("error_code", IntegerType(), False),
-        StructField("reason", StringType(), False),
-        StructField("batch_id", LongType(), False),
-    ]
-)
+    topic: str
+    partition: Int32
+    offset: int
+    request_id: str | None
+    op: str | None
+    account_id: int | None
+    database: str | None
+    table: str | None
+    job_name: str | None
+    job_id: int | None
+    table_id: str | None
+    outcome: str
+    error_code: Int32
+    detail: str
+    log_timestamp: datetime
+    batch_id: int
+
+    @classmethod
+    def of(cls, v: Verdict, batch_id: int) -> RequestRow:
+        key = v.key
+        return cls(
+            *v.coordinates,
+            v.request_id,
+            v.op,
+            key.account_id if key else None,
+            key.database if key else None,
+            key.table if key else None,
+            key.job_name if key else None,
+            v.job_id,
+            v.table_id,
+            v.outcome.value,
+            v.error_code,
+            v.detail,
+            v.record.timestamp,
+            batch_id,
+        )
+
+
+@dataclass(frozen=True)
+class RejectRow:
+    """A row of the ``rejects`` table: a message that could not be applied, as it came."""
+
+    topic: str
+    partition: Int32
+    offset: int
+    log_timestamp: datetime
+    message_key: str | None
+    payload: bytes | None
+    payload_size: Int32
+    error_code: Int32
+    reason: str
+    batch_id: int
+
+    @classmethod
+    def of(cls, v: Verdict, batch_id: int) -> RejectRow:
+        record = v.record
+        return cls(
+            *v.coordinates,
+            record.timestamp,
+            None if record.key is None else record.key.decode("utf-8", "replace"),
+            None if record.value is None else record.value[:MAX_STORED_PAYLOAD],
+            0 if record.value is None else len(record.value),
+            v.error_code,
+            v.detail,
+            batch_id,
+        )
+
+
+REQUESTS_SCHEMA = spark_schema(RequestRow)
+REJECTS_SCHEMA = spark_schema(RejectRow)
 
 COORDINATE_KEYS = ("topic", "partition", "offset")
 
@@ -197,38 +229,10 @@ class OutcomeTables:
     def record(self, verdicts: Sequence[Verdict], batch_id: int) -> None:
         """Write the verdicts of one micro-batch (idempotent)."""
         requests = [
-            (
-                *v.coordinates,
-                v.request_id,
-                v.op,
-                v.key.account_id if v.key else None,
-                v.key.database if v.key else None,
-                v.key.table if v.key else None,
-                v.key.job_name if v.key else None,
-                v.job_id,
-                v.table_id,
-                v.outcome.value,
-                v.error_code,
-                v.detail,
-                v.record.timestamp,
-                batch_id,
-            )
-            for v in verdicts
-            if v.request_id is not None
+            row_tuple(RequestRow.of(v, batch_id)) for v in verdicts if v.request_id is not None
         ]
         rejects = [
-            (
-                *v.coordinates,
-                v.record.timestamp,
-                None if v.record.key is None else v.record.key.decode("utf-8", "replace"),
-                None if v.record.value is None else v.record.value[:MAX_STORED_PAYLOAD],
-                0 if v.record.value is None else len(v.record.value),
-                v.error_code,
-                v.detail,
-                batch_id,
-            )
-            for v in verdicts
-            if v.outcome is Outcome.REJECTED
+            row_tuple(RejectRow.of(v, batch_id)) for v in verdicts if v.outcome is Outcome.REJECTED
         ]
         coordinates = [v.coordinates for v in verdicts]
         try:

@@ -23,51 +23,23 @@ an account's total is what the service really spent.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    DoubleType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from lakeprop.state import store as state
+from lakeprop.state.schema import ADDED_LATER, row_tuple, spark_schema
 from lakeprop.tables.probe import DeltaLogProbe
 
 EPOCH = datetime(1970, 1, 1)
 
-USAGE_SCHEMA = StructType(
-    [
-        StructField("account_id", LongType(), False),
-        StructField("database", StringType(), False),
-        StructField("table", StringType(), False),
-        StructField("job_name", StringType(), False),
-        StructField("job_id", LongType(), False),
-        StructField("hour", TimestampType(), False),
-        StructField("iterations", LongType(), False),
-        StructField("rows_read", DoubleType(), False),
-        StructField("rows_written", LongType(), False),
-        StructField("rows_cached", DoubleType(), False),
-        StructField("spark_jobs", DoubleType(), False),
-        StructField("wall_seconds", DoubleType(), False),
-        StructField("queued_seconds", DoubleType(), False),
-        StructField("task_seconds", DoubleType(), True),
-        StructField("bytes_cached", DoubleType(), True),
-        StructField("paused_seconds", DoubleType(), True),
-    ]
-)
-
 
 @dataclass
 class UsageRow:
-    """One account's job in one hour (fields in USAGE_SCHEMA order)."""
+    """One account's job in one hour: a row of :data:`USAGE_SCHEMA`."""
 
     account_id: int
     database: str
@@ -82,12 +54,15 @@ class UsageRow:
     spark_jobs: float = 0.0
     wall_seconds: float = 0.0
     queued_seconds: float = 0.0
-    task_seconds: float = 0.0
-    bytes_cached: float = 0.0
-    paused_seconds: float = 0.0
+    task_seconds: float = field(default=0.0, metadata=ADDED_LATER)
+    bytes_cached: float = field(default=0.0, metadata=ADDED_LATER)
+    paused_seconds: float = field(default=0.0, metadata=ADDED_LATER)
 
     def as_tuple(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        return row_tuple(self)
+
+
+USAGE_SCHEMA = spark_schema(UsageRow)
 
 
 def hour_of(moment: datetime) -> datetime:

@@ -16,35 +16,30 @@ from typing import Any
 import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    BooleanType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import ivf
 from lakeprop.consumers.vector_index.options import VectorOptions
 from lakeprop.spec import target_table
+from lakeprop.state.schema import Float32, Int32, spark_schema
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import TableHandle
 
 CENTROIDS, INDEX, QUARANTINE = "__centroids", "__index", "__quarantine"
 """Suffixes of the tables next to the postings."""
 RECALL_SAMPLE = 4_000
-CENTROID_SCHEMA = StructType(
-    [
-        StructField("index_version", LongType(), False),
-        StructField("list_id", IntegerType(), False),
-        StructField("centroid", ArrayType(FloatType()), False),
-    ]
-)
+
+
+@dataclass(frozen=True)
+class Centroid:
+    """One row of ``<target>__centroids``: a list's centroid in one index version."""
+
+    index_version: int
+    list_id: Int32
+    centroid: list[Float32]
+
+
+CENTROID_SCHEMA = spark_schema(Centroid)
 
 
 @dataclass(frozen=True)
@@ -54,9 +49,9 @@ class IndexVersion:
     index_version: int
     live: bool
     metric: str
-    dimension: int
-    lists: int
-    nprobe: int
+    dimension: Int32
+    lists: Int32
+    nprobe: Int32
     trained_rows: int
     trained_source_version: int
     source_version: int
@@ -73,30 +68,9 @@ class IndexVersion:
     built_by: str = ""
     """The transaction app id of the job configuration that built it."""
 
-    SCHEMA = StructType(
-        [
-            StructField("index_version", LongType(), False),
-            StructField("live", BooleanType(), False),
-            StructField("metric", StringType(), False),
-            StructField("dimension", IntegerType(), False),
-            StructField("lists", IntegerType(), False),
-            StructField("nprobe", IntegerType(), False),
-            StructField("trained_rows", LongType(), False),
-            StructField("trained_source_version", LongType(), False),
-            StructField("source_version", LongType(), False),
-            StructField("changed_rows", LongType(), False),
-            StructField("iterations", LongType(), False),
-            StructField("imbalance", DoubleType(), False),
-            StructField("empty_share", DoubleType(), False),
-            StructField("recall", DoubleType(), True),
-            StructField("built_because", StringType(), False),
-            StructField("built_by", StringType(), False),
-        ]
-    )
-
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> IndexVersion:
-        return cls(**{f: row[f] for f in cls.SCHEMA.fieldNames()})
+        return cls(**{f: row[f] for f in INDEX_SCHEMA.fieldNames()})
 
     def measured(self, drift: ivf.Drift) -> IndexVersion:
         recall = self.recall if drift.recall is None else drift.recall
@@ -111,6 +85,9 @@ class IndexVersion:
             changed_share=self.changed_rows / max(self.trained_rows, 1),
             recall=self.recall,
         )
+
+
+INDEX_SCHEMA = spark_schema(IndexVersion)
 
 
 def shape(data: TableHandle | DataFrame) -> list[tuple[str, str]]:
@@ -243,7 +220,7 @@ class IndexTables:
 
     def write_index(self, rows: list[IndexVersion], version: int) -> None:
         frame = self.context.spark.createDataFrame(
-            [tuple(asdict(r).values()) for r in rows], IndexVersion.SCHEMA
+            [tuple(asdict(r).values()) for r in rows], INDEX_SCHEMA
         )
         writer = (
             frame.coalesce(1)
