@@ -17,10 +17,10 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table
 from lakeprop.changes import latest_change_per_key
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
-
-SCHEMA = "id INT, name STRING, amount DOUBLE"
 
 
 @dataclass(frozen=True)
@@ -171,20 +171,6 @@ def app_config(workdir: Path, bootstrap_servers: str, **engine: Any) -> AppConfi
         ),
         tick_interval=0.2,
     )
-
-
-def cdf_table(spark: SparkSession, path: str, schema: str = SCHEMA) -> None:
-    (
-        DeltaTable.create(spark)
-        .location(path)
-        .addColumns(spark.createDataFrame([], schema).schema)
-        .property("delta.enableChangeDataFeed", "true")
-        .execute()
-    )
-
-
-def latest_version(spark: SparkSession, path: str) -> int:
-    return int(DeltaTable.forPath(spark, path).history(1).first()["version"])
 
 
 def same_rows(left: DataFrame, right: DataFrame) -> bool:

@@ -13,12 +13,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.harness import cdf_source
 from lakeprop.config import AppConfig
 from lakeprop.consumers.aggregate_view import AggregateViewConsumer
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
-from tests.integration.helpers import cdf_source
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,12 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from devkit.harness import cdf_source, run_once
 from devkit.iterations import HandDriven, IterationFailed
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cdf_source, run_once
 from tests.integration.test_auto_cdc import SCHEMA, EventTable, job
 
 pytestmark = pytest.mark.integration

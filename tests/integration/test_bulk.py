@@ -12,15 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from devkit.waiting import assert_eventually
-from lakeprop import cli
-from lakeprop.bulk.model import BulkState, TaskState
-from lakeprop.changelog import ensure_topic
-from lakeprop.client.api import LakepropClient, Receipt
-from lakeprop.config import AppConfig
-from lakeprop.spec import JobKey, JobSpec, merge_spec
-from lakeprop.state import store as state
-from tests.integration.helpers import (
+from devkit.harness import (
     catalog_df,
     cli_settings,
     make_source,
@@ -30,6 +22,14 @@ from tests.integration.helpers import (
     table,
     watches,
 )
+from devkit.waiting import assert_eventually
+from lakeprop import cli
+from lakeprop.bulk.model import BulkState, TaskState
+from lakeprop.changelog import ensure_topic
+from lakeprop.client.api import LakepropClient, Receipt
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey, JobSpec, merge_spec
+from lakeprop.state import store as state
 
 pytestmark = pytest.mark.integration
 

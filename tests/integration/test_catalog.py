@@ -15,6 +15,16 @@ from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from devkit.harness import (
+    catalog_df,
+    latest_version,
+    make_source,
+    rows_df,
+    run_once,
+    snapshot,
+    table,
+    ticks_pass,
+)
 from devkit.specs import expected_row, replica_spec
 from devkit.waiting import assert_eventually
 from lakeprop.changelog import Command, LogRecord, Operation
@@ -28,16 +38,6 @@ from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
 from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.status import JobState
-from tests.integration.helpers import (
-    catalog_df,
-    latest_version,
-    make_source,
-    rows_df,
-    run_once,
-    snapshot,
-    table,
-    ticks_pass,
-)
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import SparkSession
 
+from devkit.harness import cli_settings, make_source, run_once
 from devkit.kafka import read_topic
 from devkit.specs import replica_spec
 from lakeprop import cli
@@ -16,7 +17,6 @@ from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.dev.localkafka import free_port
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cli_settings, make_source, run_once
 
 pytestmark = pytest.mark.integration
 

@@ -23,6 +23,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from devkit.harness import cdf_source, latest_version, wait_for_watermark
 from devkit.instances import SMALL_DATA
 from devkit.spark import JARS, TEST_CONF
 from devkit.standalone import ROOT, StandaloneCluster
@@ -30,7 +31,6 @@ from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cdf_source, latest_version, wait_for_watermark
 from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration

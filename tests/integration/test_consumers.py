@@ -12,11 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
-from devkit.kafka import read_topic
-from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     SOURCE_SCHEMA,
     cdf_source,
     history,
@@ -25,6 +21,10 @@ from tests.integration.helpers import (
     ticks_pass,
     wait_for_watermark,
 )
+from devkit.kafka import read_topic
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig, TenantsConfig
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     SOURCE_SCHEMA,
     cdf_source,
     history,
@@ -23,6 +20,9 @@ from tests.integration.helpers import (
     running,
     wait_for_watermark,
 )
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig, TenantsConfig
+from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
 

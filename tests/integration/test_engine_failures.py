@@ -13,14 +13,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from devkit.waiting import assert_eventually
-from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig
-from lakeprop.consumers import ConsumerType, consumer_type_names, register_consumer_type
-from lakeprop.consumers.base import Consumer
-from lakeprop.errors import ErrorCode, PermanentError, TemporaryError
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     SOURCE_SCHEMA,
     cdf_source,
     history,
@@ -31,6 +24,13 @@ from tests.integration.helpers import (
     wait_for_watermark,
     watches,
 )
+from devkit.waiting import assert_eventually
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.consumers import ConsumerType, consumer_type_names, register_consumer_type
+from lakeprop.consumers.base import Consumer
+from lakeprop.errors import ErrorCode, PermanentError, TemporaryError
+from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from devkit.waiting import assert_eventually
-from lakeprop import cli
-from lakeprop.client.api import LakepropClient
-from lakeprop.client.notifier import CommitNotifier
-from lakeprop.config import AppConfig
-from lakeprop.service.runner import SELECTION_JOB_GROUP
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     SOURCE_SCHEMA,
     catalog_df,
     cdf_source,
@@ -31,6 +24,13 @@ from tests.integration.helpers import (
     wait_for_watermark,
     watches,
 )
+from devkit.waiting import assert_eventually
+from lakeprop import cli
+from lakeprop.client.api import LakepropClient
+from lakeprop.client.notifier import CommitNotifier
+from lakeprop.config import AppConfig
+from lakeprop.service.runner import SELECTION_JOB_GROUP
+from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,12 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
 from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from devkit.harness import cdf_source, latest_version, running, wait_for_watermark
 from devkit.workload import SCHEMA, Workload
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cdf_source, latest_version, running, wait_for_watermark
 from tests.integration.test_consumers import read_feed
 
 pytestmark = pytest.mark.integration

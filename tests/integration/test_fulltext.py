@@ -12,6 +12,14 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.harness import (
+    cdf_source,
+    cli_settings,
+    latest_version,
+    running,
+    ticks_pass,
+    wait_for_watermark,
+)
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.search import SearchError, SearchHit, search
@@ -20,14 +28,6 @@ from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.fulltext_index import FulltextIndexConsumer, Tokenizer
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
-from tests.integration.helpers import (
-    cdf_source,
-    cli_settings,
-    latest_version,
-    running,
-    ticks_pass,
-    wait_for_watermark,
-)
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.harness import SOURCE_SCHEMA, cdf_source
 from lakeprop.config import AppConfig
 from lakeprop.engine import changeset
 from lakeprop.engine.iteration import run_iteration
@@ -31,7 +32,6 @@ from lakeprop.engine.model import (
 from lakeprop.engine.sparkstats import cached_bytes
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.resolve import Tables
-from tests.integration.helpers import SOURCE_SCHEMA, cdf_source
 from tests.integration.test_fulltext import expected_index
 
 pytestmark = pytest.mark.integration

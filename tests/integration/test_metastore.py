@@ -17,11 +17,11 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
 from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from devkit.harness import running, wait_for_watermark
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, TablesConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
-from tests.integration.helpers import running, wait_for_watermark
 from tests.integration.test_recovery import wait_for_error
 
 pytestmark = pytest.mark.integration

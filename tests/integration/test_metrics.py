@@ -9,12 +9,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
+from devkit.harness import latest_version, running, wait_for_watermark
 from devkit.kafka import produce_raw
 from devkit.waiting import assert_eventually
 from lakeprop.config import AppConfig, MetricsConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.service.app import PropagationApp
-from tests.integration.helpers import latest_version, running, wait_for_watermark
 from tests.integration.test_engine import one_replica
 
 pytestmark = pytest.mark.integration

@@ -19,19 +19,19 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from devkit.iterations import HandDriven, recorded_versions
-from devkit.workload import SCHEMA, Workload
-from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig
-from lakeprop.engine.native import NativeSettings
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     cdf_source,
     history,
     latest_version,
     running,
     wait_for_watermark,
 )
+from devkit.iterations import HandDriven, recorded_versions
+from devkit.workload import SCHEMA, Workload
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.engine.native import NativeSettings
+from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
 

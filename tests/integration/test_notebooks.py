@@ -19,12 +19,12 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from pyspark.sql import SparkSession
 
+from devkit.harness import cdf_source, running, wait_for_watermark
 from devkit.kafka import produce_raw
 from devkit.spark import spark_toml
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cdf_source, running, wait_for_watermark
 
 pytestmark = pytest.mark.integration
 

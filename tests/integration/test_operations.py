@@ -8,10 +8,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from lakeprop.client.api import LakepropClient, Receipt
-from lakeprop.config import AppConfig
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     cdf_source,
     client_row,
     latest_version,
@@ -19,6 +16,9 @@ from tests.integration.helpers import (
     ticks_pass,
     wait_for_watermark,
 )
+from lakeprop.client.api import LakepropClient, Receipt
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey
 from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration

@@ -21,15 +21,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from devkit.waiting import assert_eventually
-from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig
-from lakeprop.dev.localkafka import LocalKafka
-from lakeprop.errors import ErrorCode
-from lakeprop.service.app import PropagationApp
-from lakeprop.service.lock import LEASE_FILE, CheckpointInUseError, CheckpointLock
-from lakeprop.spec import JobKey
-from tests.integration.helpers import (
+from devkit.harness import (
     SOURCE_SCHEMA,
     catalog_df,
     cdf_source,
@@ -41,6 +33,14 @@ from tests.integration.helpers import (
     wait_for_watermark,
     watches,
 )
+from devkit.waiting import assert_eventually
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.dev.localkafka import LocalKafka
+from lakeprop.errors import ErrorCode
+from lakeprop.service.app import PropagationApp
+from lakeprop.service.lock import LEASE_FILE, CheckpointInUseError, CheckpointLock
+from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
 

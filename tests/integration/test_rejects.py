@@ -11,12 +11,12 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from devkit.harness import catalog_df, make_source, run_once, table
 from devkit.kafka import produce_raw
 from lakeprop.config import AppConfig, EngineConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
 from lakeprop.state.outcomes import REJECTS_SCHEMA
-from tests.integration.helpers import catalog_df, make_source, run_once, table
 
 pytestmark = pytest.mark.integration
 

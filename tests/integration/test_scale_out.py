@@ -25,6 +25,7 @@ from deltalake import write_deltalake
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
+from devkit.harness import cdf_source, cli_settings, history, latest_version, watches
 from devkit.instances import Instance, settled, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop import cli
@@ -33,7 +34,6 @@ from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.membership.members import Member
 from lakeprop.membership.slots import slot_of
 from lakeprop.spec import JobKey
-from tests.integration.helpers import cdf_source, cli_settings, history, latest_version, watches
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from devkit.harness import SOURCE_SCHEMA, cdf_source, cli_settings, latest_version
 from devkit.waiting import assert_eventually
 from lakeprop import cli
 from lakeprop.config import AppConfig
@@ -33,7 +34,6 @@ from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.store import ACCOUNTS_TABLE, CATALOG_TABLE
 from lakeprop.tables.resolve import Tables
-from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, cli_settings, latest_version
 
 pytestmark = pytest.mark.integration
 

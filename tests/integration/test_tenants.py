@@ -12,13 +12,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from lakeprop.changelog import ensure_topic
-from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig, TenantsConfig
-from lakeprop.errors import ErrorCode
-from lakeprop.spec import JobKey
-from lakeprop.state.usage import usage_of
-from tests.integration.helpers import (
+from devkit.harness import (
     catalog_df,
     cdf_source,
     make_source,
@@ -27,6 +21,12 @@ from tests.integration.helpers import (
     table,
     wait_for_watermark,
 )
+from lakeprop.changelog import ensure_topic
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig, TenantsConfig
+from lakeprop.errors import ErrorCode
+from lakeprop.spec import JobKey
+from lakeprop.state.usage import usage_of
 from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration

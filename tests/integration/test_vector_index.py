@@ -17,6 +17,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import lakeprop.consumers.vector_index.builds as vector_builds
+from devkit.harness import (
+    cdf_source,
+    cli_settings,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.lake import Lake
@@ -31,13 +38,6 @@ from lakeprop.consumers.vector_index.versions import IndexTables
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
-from tests.integration.helpers import (
-    cdf_source,
-    cli_settings,
-    latest_version,
-    running,
-    wait_for_watermark,
-)
 
 pytestmark = pytest.mark.integration
 
@@ -255,14 +255,14 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
 
     # a build waits at this gate, so that tails certainly run while it is under way
     gate = threading.Event()
-    build = VectorIndexConsumer.build
+    build = vector_builds.build_version
 
-    def gated(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> Any:
+    def gated(writer: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("txn") is not None:  # a background build, not a snapshot
             assert gate.wait(120)
-        return build(self, *args, **kwargs)
+        return build(writer, *args, **kwargs)
 
-    monkeypatch.setattr(VectorIndexConsumer, "build", gated)
+    monkeypatch.setattr(vector_builds, "build_version", gated)
     table.update(F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)})  # v2
     assert tail(2) == 100  # a quarter changed: version 2 starts building
     assert BUILDS.get(consumer.context.txn_app_id) is not None
@@ -315,15 +315,15 @@ def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_th
     table, live, tail = moved.table, moved.live, moved.tail
 
     gate, hold = threading.Event(), threading.Event()
-    build = VectorIndexConsumer.build
+    build = vector_builds.build_version
 
-    def gated(self: VectorIndexConsumer, *args: Any, **kwargs: Any) -> Any:
+    def gated(writer: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("txn") is not None and hold.is_set():
             hold.clear()
             assert gate.wait(120)
-        return build(self, *args, **kwargs)
+        return build(writer, *args, **kwargs)
 
-    monkeypatch.setattr(VectorIndexConsumer, "build", gated)
+    monkeypatch.setattr(vector_builds, "build_version", gated)
     builds_a, builds_b = BUILDS, Builds()
     table.update(F.col("id") < 100, {"emb": F.transform("emb", lambda x: x + 50.0)})  # v2
     assert tail(a, 2) == 100  # A starts building version 2, and finishes

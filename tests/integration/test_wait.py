@@ -9,13 +9,13 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from devkit.harness import SOURCE_SCHEMA, cdf_source, cli_settings, running
 from devkit.specs import replica_spec
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.errors import PermanentError, TemporaryError
 from lakeprop.spec import JobKey
-from tests.integration.helpers import SOURCE_SCHEMA, cdf_source, cli_settings, running
 
 pytestmark = pytest.mark.integration
 

@@ -21,18 +21,8 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from lakeprop.config import sections
 from lakeprop.config.fields import duration, is_duration, positive
-from lakeprop.config.sections import (
-    ClusterConfig,
-    EngineConfig,
-    KafkaConfig,
-    LocalBrokerConfig,
-    MetricsConfig,
-    NotificationsConfig,
-    SparkConfig,
-    StateConfig,
-    TablesConfig,
-)
 from lakeprop.config.tenants import TenantsConfig, account_values
 from lakeprop.errors import InvalidConfigError, LakepropError
 from lakeprop.spec import parse_duration
@@ -50,16 +40,18 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 class AppConfig:
     """Everything the streaming app needs."""
 
-    kafka: KafkaConfig = field(default_factory=KafkaConfig)
-    state: StateConfig = field(default_factory=StateConfig)
-    tables: TablesConfig = field(default_factory=TablesConfig)
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    local_broker: LocalBrokerConfig = field(default_factory=LocalBrokerConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    notifications: NotificationsConfig = field(default_factory=NotificationsConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    kafka: sections.KafkaConfig = field(default_factory=sections.KafkaConfig)
+    state: sections.StateConfig = field(default_factory=sections.StateConfig)
+    tables: sections.TablesConfig = field(default_factory=sections.TablesConfig)
+    spark: sections.SparkConfig = field(default_factory=sections.SparkConfig)
+    local_broker: sections.LocalBrokerConfig = field(default_factory=sections.LocalBrokerConfig)
+    engine: sections.EngineConfig = field(default_factory=sections.EngineConfig)
+    notifications: sections.NotificationsConfig = field(
+        default_factory=sections.NotificationsConfig
+    )
+    metrics: sections.MetricsConfig = field(default_factory=sections.MetricsConfig)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster: sections.ClusterConfig = field(default_factory=sections.ClusterConfig)
     tick_interval: float = duration(10.0)
     """Seconds between micro-batches: how often the service looks for due iterations."""
     query_name: str = "lakeprop-changelog"

@@ -97,7 +97,7 @@ def fan_out(
     own, or in turn on ``spark``; results in member order. ``after_first`` runs
     once the first member has written."""
     if threads > 1 and len(jobs) > 1:
-        _concurrently(spark, jobs, consume, result, threads, confs)
+        _concurrently(spark, jobs, consume, result.members, threads, confs)
         return
     with session_confs(spark, confs):
         for i, job in enumerate(jobs):
@@ -112,11 +112,12 @@ def _concurrently(
     spark: SparkSession,
     jobs: Sequence[MemberJob],
     consume: Consume,
-    result: IterationResult,
+    members: list[MemberResult],
     threads: int,
     confs: Mapping[str, str],
 ) -> None:
-    """Members on up to ``threads`` threads; results in member order. The
+    """Members on up to ``threads`` threads; their results go to ``members`` in
+    member order, those done even when the fan-out fails. The
     ``iteration.between_consumers`` point fires once the first member has
     written while another has not finished."""
     todo: queue.Queue[int] = queue.Queue()
@@ -149,7 +150,7 @@ def _concurrently(
     finally:
         for worker in workers:
             worker.join()
-        result.members += [done[i] for i in sorted(done)]
+        members += [done[i] for i in sorted(done)]
 
 
 def small_confs(spark: SparkSession) -> dict[str, str]:

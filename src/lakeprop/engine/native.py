@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from lakeprop.changes import CDF_COLUMNS
 from lakeprop.consumers import native
 from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.engine import model
 from lakeprop.engine.fanout import fan_out, member_context, run_member
 from lakeprop.engine.model import (
     CancelToken,
@@ -34,7 +35,6 @@ from lakeprop.engine.model import (
     IterationPlan,
     IterationResult,
     MemberJob,
-    MemberResult,
 )
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
@@ -193,7 +193,7 @@ def run_native(
     columns = tuple(c for c in changes.column_names if c not in CDF_COLUMNS)
     fault_point("iteration.before_write")
 
-    def consume(session: SparkSession, job: MemberJob) -> MemberResult:
+    def consume(session: SparkSession, job: MemberJob) -> model.MemberResult:
         start = job.member.from_version
         assert start is not None and plan.from_version is not None
         mine = changes

@@ -41,6 +41,11 @@ the others; a read replays at most 99 small JSON commits instead."""
 CREATE_WAIT = 30.0
 """Seconds a start waits for a state table another instance is creating."""
 
+Rows = Sequence[Sequence[Any]]
+"""Rows in a table's column order."""
+Keys = Sequence[str]
+"""The columns that identify a row."""
+
 
 def ensure_table(
     spark: SparkSession,
@@ -85,8 +90,8 @@ def _merge(
     spark: SparkSession,
     path: str,
     schema: StructType,
-    rows: Sequence[Sequence[Any]],
-    keys: Sequence[str],
+    rows: Rows,
+    keys: Keys,
     clauses: Callable[[DeltaMergeBuilder], DeltaMergeBuilder],
 ) -> None:
     if not rows:
@@ -119,24 +124,12 @@ def overwrite(
     )
 
 
-def insert_new(
-    spark: SparkSession,
-    path: str,
-    schema: StructType,
-    rows: Sequence[Sequence[Any]],
-    keys: Sequence[str],
-) -> None:
+def insert_new(spark: SparkSession, path: str, schema: StructType, rows: Rows, keys: Keys) -> None:
     """Insert rows whose key is not in the table yet; existing rows stay as they are."""
     _merge(spark, path, schema, rows, keys, lambda m: m.whenNotMatchedInsertAll())
 
 
-def upsert(
-    spark: SparkSession,
-    path: str,
-    schema: StructType,
-    rows: Sequence[Sequence[Any]],
-    keys: Sequence[str],
-) -> None:
+def upsert(spark: SparkSession, path: str, schema: StructType, rows: Rows, keys: Keys) -> None:
     """Insert rows, replacing those with the same key (one MERGE; none without rows).
     A table of an earlier release gains the columns ``schema`` adds."""
     _merge(

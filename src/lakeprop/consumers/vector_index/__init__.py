@@ -40,12 +40,8 @@ a NaN, infinity or NULL element is a permanent error naming keys; with
 from __future__ import annotations
 
 from lakeprop.consumers.vector_index import ivf
-from lakeprop.consumers.vector_index.consumer import (
-    MAX_SAMPLE,
-    SAMPLE_PER_LIST,
-    VectorError,
-    VectorIndexConsumer,
-)
+from lakeprop.consumers.vector_index.builds import MAX_SAMPLE, SAMPLE_PER_LIST
+from lakeprop.consumers.vector_index.consumer import VectorError, VectorIndexConsumer
 from lakeprop.consumers.vector_index.ivf import vector_array
 from lakeprop.consumers.vector_index.versions import IndexVersion
 

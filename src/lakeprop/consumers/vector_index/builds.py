@@ -17,17 +17,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import ivf
 from lakeprop.consumers.vector_index.options import VectorOptions
-from lakeprop.consumers.vector_index.versions import CENTROIDS, IndexTables, IndexVersion
+from lakeprop.consumers.vector_index.versions import (
+    CENTROIDS,
+    IndexTables,
+    IndexVersion,
+    replacing,
+    shape,
+)
+from lakeprop.faults import fault_point
 from lakeprop.tables.probe import DeltaLogProbe
-from lakeprop.tables.resolve import TableHandle
 
 log = logging.getLogger("lakeprop.vector_index")
+
+SAMPLE_PER_LIST = 128
+MAX_SAMPLE = 200_000
 
 
 @dataclass
@@ -92,36 +102,16 @@ BUILDS = Builds()
 
 
 class IndexWriter(Protocol):
-    """What a build needs of the consumer: its tables, and how it builds, assigns
-    and MERGEs (:class:`~.consumer.VectorIndexConsumer`)."""
+    """What a build needs of the consumer: its tables, and how it assigns vectors to
+    lists and MERGEs them (:class:`~.consumer.VectorIndexConsumer`)."""
 
     context: ConsumerContext
     options: VectorOptions
     tables: IndexTables
 
-    def build(
-        self,
-        vectors: DataFrame,
-        rows: int | None,
-        dimension: int,
-        number: int,
-        version: int,
-        because: str,
-        *,
-        fresh: bool = False,
-        txn: Mapping[str, str] | None = None,
-    ) -> IndexVersion: ...
-
     def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame: ...
 
-    def merge(
-        self,
-        postings: TableHandle,
-        source: DataFrame,
-        number: int,
-        version: int,
-        app_id: str | None = None,
-    ) -> None: ...
+    def merge(self, source: DataFrame, number: int, at: int, app_id: str | None = None) -> None: ...
 
     def on_session(self, session: SparkSession) -> IndexWriter: ...
 
@@ -154,7 +144,7 @@ def start(writer: IndexWriter, number: int, dimension: int, because: str) -> Non
             .where(F.col("index_version") == number - 1)
             .select(*writer.options.columns)
         )
-        return builder.build(vectors, None, dimension, number, read_at, because, txn=txn)
+        return build_version(builder, vectors, None, dimension, number, read_at, because, txn=txn)
 
     log.info("building index version %s of %s: %s", number, postings, because)
     BUILDS.start(context.txn_app_id, Build(number, read_at, because), work)
@@ -204,7 +194,7 @@ def reconcile(
     changed = int(source.count())
     if changed:
         app_id = build_app_id(writer, build.number)
-        writer.merge(tables.postings, source, build.number, after, app_id=app_id)
+        writer.merge(source, build.number, after, app_id)
     lists = len(centroids)
     built: IndexVersion = replace(
         build.result,
@@ -214,3 +204,68 @@ def reconcile(
         changed_rows=changed,
     )
     return tables.measure(built, recall=False)
+
+
+def build_version(
+    writer: IndexWriter,
+    vectors: DataFrame,
+    rows: int | None,
+    dimension: int,
+    number: int,
+    version: int,
+    because: str,
+    *,
+    fresh: bool = False,
+    txn: Mapping[str, str] | None = None,
+) -> IndexVersion:
+    """Train, assign and write index version ``number`` (not live yet), once per
+    ``txn`` (default: the snapshot's, by source version)."""
+    opts, tables = writer.options, writer.tables
+    if rows is None:
+        rows = int(vectors.count())
+    lists = min(opts.lists or ivf.default_lists(rows), max(rows, 1)) if rows else 0
+    build_txn = dict(
+        txn or {"txnAppId": f"{writer.context.txn_app_id}-build", "txnVersion": str(version)}
+    )
+    centroids = tables.trained(number, build_txn)
+    if centroids is not None:
+        lists = len(centroids)
+    elif lists:
+        wanted = min(MAX_SAMPLE, lists * SAMPLE_PER_LIST)
+        fraction = min(1.0, 1.1 * wanted / rows)
+        sample = vectors.sample(fraction=fraction, seed=number).select(opts.vector)
+        table = sample.limit(wanted).toArrow()
+        drawn = ivf.vector_array(table.column(0).combine_chunks(), dimension)
+        centroids = ivf.train(drawn, lists, opts.metric, seed=number)
+        lists = len(centroids)
+    else:
+        centroids = np.empty((0, dimension), dtype=np.float32)
+    postings = tables.postings
+    ordered = writer.assigned(vectors, centroids, dimension).select(
+        F.lit(number).cast("long").alias("index_version"), "list_id", *opts.columns
+    )
+    replace_all = fresh and (not postings.exists() or shape(postings) != shape(ordered))
+    tables.write_centroids(number, centroids, build_txn, replace_all)
+    if not tables.done(postings, build_txn):
+        out = (
+            ordered.write.format("delta")
+            .partitionBy("index_version", "list_id")
+            .mode("overwrite")
+            .options(**build_txn)
+        )
+        postings.save(replacing(out, number, replace_all or not postings.exists()))
+    fault_point("index.written")
+    built = IndexVersion(
+        index_version=number,
+        live=True,
+        metric=opts.metric,
+        dimension=dimension,
+        lists=lists,
+        nprobe=min(opts.nprobe or ivf.default_nprobe(max(lists, 1)), max(lists, 1)),
+        trained_rows=rows,
+        trained_source_version=version,
+        source_version=version,
+        built_because=because,
+        built_by=writer.context.txn_app_id,
+    )
+    return tables.measure(built, recall=True)

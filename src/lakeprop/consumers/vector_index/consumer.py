@@ -24,7 +24,6 @@ from dataclasses import replace
 from functools import reduce
 from typing import Any
 
-import numpy as np
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -42,9 +41,6 @@ from lakeprop.consumers.vector_index.options import NAME, VectorOptions, validat
 from lakeprop.consumers.vector_index.versions import (
     QUARANTINE,
     IndexTables,
-    IndexVersion,
-    replacing,
-    shape,
 )
 from lakeprop.errors import (
     ErrorCode,
@@ -52,12 +48,8 @@ from lakeprop.errors import (
     PermanentError,
     TemporaryError,
 )
-from lakeprop.faults import fault_point
-from lakeprop.tables.resolve import TableHandle
 
 REASON = "__reason"
-SAMPLE_PER_LIST = 128
-MAX_SAMPLE = 200_000
 EXAMPLES = 10
 BUILD_WAIT = 600.0
 """Seconds a snapshot waits for a build of the job's earlier configuration to end."""
@@ -136,7 +128,9 @@ class VectorIndexConsumer(Consumer):
         dimension = opts.dimension or self._common_dimension(rows)
         good = self._checked(rows, dimension, version, version)
         number = (live.index_version + 1) if live is not None else 1
-        built = self.build(good, None, dimension, number, version, "snapshot", fresh=True)
+        built = builds.build_version(
+            self, good, None, dimension, number, version, "snapshot", fresh=True
+        )
         self.tables.switch(built, live)
         return built.trained_rows
 
@@ -180,7 +174,7 @@ class VectorIndexConsumer(Consumer):
         ).localCheckpoint()
         written = int(source.count())
         if written:
-            self.merge(postings, source, live.index_version, to_version)
+            self.merge(source, live.index_version, to_version)
         updated = replace(
             live,
             dimension=dimension,
@@ -277,71 +271,7 @@ class VectorIndexConsumer(Consumer):
         schema = StructType([*rows.schema.fields, StructField("list_id", IntegerType(), False)])
         return rows.mapInArrow(ivf.assigner(centroids, opts.metric, opts.vector, dimension), schema)
 
-    # -- building a version, and the MERGE --------------------------------------------
-
-    def build(
-        self,
-        vectors: DataFrame,
-        rows: int | None,
-        dimension: int,
-        number: int,
-        version: int,
-        because: str,
-        *,
-        fresh: bool = False,
-        txn: Mapping[str, str] | None = None,
-    ) -> IndexVersion:
-        """Train, assign and write index version ``number`` (not live yet), once per
-        ``txn`` (default: the snapshot's, by source version)."""
-        opts, tables = self.options, self.tables
-        if rows is None:
-            rows = int(vectors.count())
-        lists = min(opts.lists or ivf.default_lists(rows), max(rows, 1)) if rows else 0
-        build_txn = dict(
-            txn or {"txnAppId": f"{self.context.txn_app_id}-build", "txnVersion": str(version)}
-        )
-        centroids = tables.trained(number, build_txn)
-        if centroids is not None:
-            lists = len(centroids)
-        elif lists:
-            wanted = min(MAX_SAMPLE, lists * SAMPLE_PER_LIST)
-            fraction = min(1.0, 1.1 * wanted / rows)
-            sample = vectors.sample(fraction=fraction, seed=number).select(opts.vector)
-            table = sample.limit(wanted).toArrow()
-            drawn = ivf.vector_array(table.column(0).combine_chunks(), dimension)
-            centroids = ivf.train(drawn, lists, opts.metric, seed=number)
-            lists = len(centroids)
-        else:
-            centroids = np.empty((0, dimension), dtype=np.float32)
-        postings = tables.postings
-        ordered = self.assigned(vectors, centroids, dimension).select(
-            F.lit(number).cast("long").alias("index_version"), "list_id", *opts.columns
-        )
-        replace_all = fresh and (not postings.exists() or shape(postings) != shape(ordered))
-        tables.write_centroids(number, centroids, build_txn, replace_all)
-        if not tables.done(postings, build_txn):
-            writer = (
-                ordered.write.format("delta")
-                .partitionBy("index_version", "list_id")
-                .mode("overwrite")
-                .options(**build_txn)
-            )
-            postings.save(replacing(writer, number, replace_all or not postings.exists()))
-        fault_point("index.written")
-        built = IndexVersion(
-            index_version=number,
-            live=True,
-            metric=opts.metric,
-            dimension=dimension,
-            lists=lists,
-            nprobe=min(opts.nprobe or ivf.default_nprobe(max(lists, 1)), max(lists, 1)),
-            trained_rows=rows,
-            trained_source_version=version,
-            source_version=version,
-            built_because=because,
-            built_by=self.context.txn_app_id,
-        )
-        return tables.measure(built, recall=True)
+    # -- the MERGE -------------------------------------------------------------------
 
     @contextmanager
     def _transaction(self, app_id: str | None, version: int) -> Iterator[None]:
@@ -360,16 +290,10 @@ class VectorIndexConsumer(Consumer):
             conf.unset(TXN_APP_ID)
             conf.unset(TXN_VERSION)
 
-    def merge(
-        self,
-        postings: TableHandle,
-        source: DataFrame,
-        number: int,
-        version: int,
-        app_id: str | None = None,
-    ) -> None:
+    def merge(self, source: DataFrame, number: int, at: int, app_id: str | None = None) -> None:
         """MERGE ``source`` (keys with their ``list_id``; a NULL vector deletes) into
-        index version ``number`` of the postings, once per (app id, ``version``)."""
+        index version ``number`` of the postings, once per (app id, transaction
+        version ``at``)."""
         opts = self.options
         matched = [F.col(f"t.{k}") == F.col(f"s.{k}") for k in opts.key]
         on: Column = reduce(
@@ -378,9 +302,9 @@ class VectorIndexConsumer(Consumer):
         )
         kept = ["list_id", opts.vector, *opts.include]
         deleted = F.col(f"s.{opts.vector}").isNull()
-        with self._transaction(app_id, version), self.context.merging_held():
+        with self._transaction(app_id, at), self.context.merging_held():
             (
-                postings.delta()
+                self.tables.postings.delta()
                 .alias("t")
                 .merge(source.alias("s"), on)
                 .whenMatchedDelete(condition=deleted)

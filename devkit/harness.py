@@ -1,4 +1,6 @@
-"""Helpers for integration tests: run the app once, make source tables, read state."""
+"""Running the service in a test or a benchmark, making source tables, reading state.
+
+Shared by the integration tests, the chaos harness and the benchmarks."""
 
 from __future__ import annotations
 
@@ -54,7 +56,9 @@ def make_source(spark: SparkSession, config: AppConfig, database: str, table: st
     spark.createDataFrame(
         [(1, "a", 10.0), (2, "b", 20.0)], "id INT, name STRING, amount DOUBLE"
     ).write.format("delta").mode("overwrite").save(path)
-    return str(DeltaTable.forPath(spark, path).detail().first()["id"])
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    assert detail is not None
+    return str(detail["id"])
 
 
 def table(spark: SparkSession, config: AppConfig, name: str) -> DataFrame:
@@ -133,6 +137,12 @@ def cdf_source(
 ) -> str:
     """An empty source table with the Change Data Feed on; returns its path."""
     path = f"{config.tables.warehouse}/{database}/{table}"
+    cdf_table(spark, path, schema)
+    return path
+
+
+def cdf_table(spark: SparkSession, path: str, schema: str = SOURCE_SCHEMA) -> None:
+    """An empty Delta table at ``path`` with the Change Data Feed on."""
     (
         DeltaTable.create(spark)
         .location(path)
@@ -140,7 +150,6 @@ def cdf_source(
         .property("delta.enableChangeDataFeed", "true")
         .execute()
     )
-    return path
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
