@@ -20,7 +20,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import Figure, Result, app_config, cdf_table, diy_merge, same_rows, stopwatch
+from bench.common import Figure, Result, app_config, diy_merge, same_rows, stopwatch
+from devkit.harness import cdf_table
 from lakeprop.engine.iteration import run_iteration
 from lakeprop.engine.model import (
     CancelToken,

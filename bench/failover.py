@@ -20,7 +20,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import SCHEMA, Figure, Result, app_config, percentile, same_rows, sources
+from bench.common import Figure, Result, app_config, percentile, same_rows, sources
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
 from devkit.instances import Instance, settled, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient, TableWatch

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from bench.common import SCHEMA, Figure, Result, app_config, cdf_table, wait_until
+from bench.common import Figure, Result, app_config, wait_until
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table
 from lakeprop.client.api import LakepropClient
 from lakeprop.engine.policy import priority_first
 from lakeprop.service.app import PropagationApp

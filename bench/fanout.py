@@ -34,18 +34,17 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from bench.common import (
-    SCHEMA,
     Figure,
     Result,
     app_config,
-    cdf_table,
     diy_merge,
-    latest_version,
     query_reached,
     same_rows,
     stopwatch,
     wait_until,
 )
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table, latest_version
 from lakeprop.client.api import LakepropClient
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey

@@ -28,11 +28,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from bench.common import (
-    SCHEMA,
     Figure,
     Result,
     app_config,
-    cdf_table,
     diy_merge,
     percentile,
     query_reached,
@@ -40,6 +38,8 @@ from bench.common import (
     wait_until,
 )
 from bench.fanout import apply_commit, seeded_commits
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table
 from lakeprop.client.api import LakepropClient
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey

@@ -17,7 +17,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import SCHEMA, Figure, Result, app_config, cdf_table, stopwatch, wait_until
+from bench.common import Figure, Result, app_config, stopwatch, wait_until
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table
 from lakeprop.client.api import LakepropClient
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from bench.common import Figure, Result, app_config, cdf_table, peak_rss_mb, percentile
+from bench.common import Figure, Result, app_config, peak_rss_mb, percentile
+from devkit.harness import cdf_table
 from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import SELECTION_JOB_GROUP

@@ -24,8 +24,10 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import SCHEMA, Figure, Result, app_config, cdf_table
+from bench.common import Figure, Result, app_config
 from bench.scale import synced_rows
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table
 from devkit.instances import ROOT, Instance, small_data_conf, stopped_at_exit
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import TableWatch

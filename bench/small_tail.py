@@ -15,7 +15,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from bench.common import SCHEMA, Figure, Result, cdf_table, latest_version, same_rows, stopwatch
+from bench.common import Figure, Result, same_rows, stopwatch
+from devkit.harness import SOURCE_SCHEMA as SCHEMA
+from devkit.harness import cdf_table, latest_version
 from devkit.iterations import HandDriven
 from lakeprop.engine.native import NativeSettings
 from lakeprop.spec import JobKey

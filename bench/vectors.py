@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 from pyspark.sql import SparkSession
 
-from bench.common import Figure, Result, latest_version, stopwatch
+from bench.common import Figure, Result, stopwatch
+from devkit.harness import latest_version
 from devkit.iterations import HandDriven
 from lakeprop.client.lake import Lake
 from lakeprop.client.vectors import IndexLocation, VectorSearch
