@@ -39,7 +39,7 @@ from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.spec import JobKey, JobRef, JobSpec
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState
 from lakeprop.tables.probe import DeltaLogProbe
 

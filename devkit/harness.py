@@ -21,7 +21,7 @@ from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
-from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
+from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import JobState
 from lakeprop.tables.probe import DeltaLogProbe
 

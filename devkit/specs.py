@@ -9,7 +9,7 @@ from lakeprop.changelog import LogRecord
 from lakeprop.client.api import Receipt
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import job_id_for
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState
 
 

@@ -28,7 +28,7 @@ from lakeprop.config import TenantsConfig
 from lakeprop.errors import ErrorCode, TemporaryError
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.apply import apply_commands, decode_all
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, RecordedVerdict, Verdict
 from lakeprop.state.status import JobState
 from lakeprop.tenants import Tenants

@@ -12,7 +12,7 @@ from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import SourceTableError, TemporaryError
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands, job_id_for
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, RecordedVerdict
 from lakeprop.state.status import JobState
 

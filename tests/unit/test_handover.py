@@ -13,10 +13,10 @@ import pytest
 from devkit.specs import replica_spec
 from lakeprop.changelog import LogRecord
 from lakeprop.engine.ownership import Signature, SlotChanges, SoleOwner
-from lakeprop.membership.group import Claim
+from lakeprop.membership.topics import Claim
 from lakeprop.service.handover import Handover, HandoverParts
 from lakeprop.spec import JobKey, JobRef
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, Verdict
 from lakeprop.state.shared import Signed
 from lakeprop.state.status import EMPTY_STATUS, JobState

@@ -17,11 +17,12 @@ from lakeprop.engine.ownership import FENCE_VERSION, SlotOwner, SoleOwner
 from lakeprop.engine.takeover import take_over
 from lakeprop.errors import InvalidConfigError
 from lakeprop.membership.assignment import movement, owners, sticky
-from lakeprop.membership.group import Claim, Seat, _unreleased
+from lakeprop.membership.group import Seat
 from lakeprop.membership.slots import owned_tables, slot_of, tables_by_slot
+from lakeprop.membership.topics import Claim, _unreleased
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import JobState
 
 

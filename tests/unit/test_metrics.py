@@ -18,8 +18,8 @@ from lakeprop.engine.model import (
 )
 from lakeprop.engine.ownership import SlotChanges, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
-from lakeprop.membership.group import Claim
 from lakeprop.membership.slots import slot_of
+from lakeprop.membership.topics import Claim
 from lakeprop.service.metrics import AccountGauges, ClusterGauges, JobGauges, ServiceMetrics
 from lakeprop.service.observer import BatchTimings, TickSummary
 from lakeprop.state.outcomes import Outcome, Verdict

@@ -15,8 +15,8 @@ from lakeprop.engine.model import (
 )
 from lakeprop.engine.watermarks import advance
 from lakeprop.state.apply import apply_commands
-from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.history import consumer_digest, rolled_forward
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome
 from lakeprop.state.status import JobState
 from tests.unit.test_catalog_apply import KEY, check_ok, rec, register

@@ -16,8 +16,8 @@ from lakeprop.client.scans import Condition, Query
 from lakeprop.config import StateConfig
 from lakeprop.errors import PermanentError, StateNotFoundError
 from lakeprop.spec import JobKey
-from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.history import consumer_digest
+from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE, USAGE_TABLE
 from lakeprop.state.usage import UsageRow

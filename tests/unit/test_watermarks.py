@@ -18,8 +18,8 @@ from lakeprop.engine.model import (
 from lakeprop.engine.watermarks import advance
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobSpec
-from lakeprop.state.catalog import CatalogRow
 from lakeprop.state.history import consumer_digest, rolled_forward
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState
 
 SPEC = JobSpec.from_json(

@@ -54,7 +54,7 @@ from lakeprop.changelog import BulkCommand, Command, Operation
 from lakeprop.errors import BulkError, ErrorCode, LakepropError, TenantError
 from lakeprop.spec import JobRef
 from lakeprop.state.apply import ApplyResult, SourceCheck, apply_tasks
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
 from lakeprop.tenants import Tenants
 

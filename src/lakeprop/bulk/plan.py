@@ -25,7 +25,7 @@ from lakeprop.bulk.model import (
 )
 from lakeprop.changelog import BulkCommand, Command, LogRecord, Operation
 from lakeprop.spec import JobSpec, canonical_json
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 
 _FORWARD = {
     BulkOp.PAUSE: Operation.PAUSE,

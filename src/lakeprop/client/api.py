@@ -11,15 +11,9 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from lakeprop.client.log import ChangeLogWriter, Receipt, Repeats
-from lakeprop.client.reads import (
-    LATEST,
-    BulkStatus,
-    JobInfo,
-    Progress,
-    StateReader,
-    TableWatch,
-    poll_until,
-)
+from lakeprop.client.reads import LATEST, StateReader
+from lakeprop.client.views import BulkStatus, JobInfo
+from lakeprop.client.waiting import Progress, TableWatch, poll_until
 from lakeprop.config import KafkaConfig, NotificationsConfig, StateConfig, TablesConfig
 
 __all__ = [

@@ -13,16 +13,15 @@ only after a new commit to it.
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from lakeprop.bulk.model import BulkOperation, BulkTask, TaskState, counts
+from lakeprop.bulk.model import BulkOperation, BulkTask
 from lakeprop.client.log import Receipt
 from lakeprop.client.scans import Condition, LakeScan, Query, Scan, SparkScan, eq
+from lakeprop.client.views import BulkStatus, JobInfo, by_key, current_row
+from lakeprop.client.waiting import Progress, TableWatch, poll_until
 from lakeprop.config import AppConfig, StateConfig, TablesConfig
 from lakeprop.errors import (
     ErrorCode,
@@ -31,12 +30,11 @@ from lakeprop.errors import (
     PermanentError,
     SourceTableError,
     StateNotFoundError,
-    TemporaryError,
 )
 from lakeprop.spec import JobKey
 from lakeprop.state.accounts import AccountRow
-from lakeprop.state.catalog import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.history import Reached, rolled_forward
+from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import JobState
 from lakeprop.state.store import (
     ACCOUNTS_TABLE,
@@ -53,137 +51,6 @@ LATEST = "latest"
 """``wait_for_watermark``'s version meaning the source table's current version."""
 
 T = TypeVar("T")
-
-
-class TableWatch:
-    """Tells whether a Delta table has a new commit since the last look, from its
-    log alone (no Spark job): waits re-read a state table only then."""
-
-    def __init__(self, scan: Scan, path: str) -> None:
-        self.scan = scan
-        self.path = path
-        self.seen: int | None = None
-        self.looked = False
-
-    def changed(self) -> bool:
-        version = self.scan.version(self.path)
-        if self.looked and version == self.seen:
-            return False
-        self.seen, self.looked = version, True
-        return True
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """A job as the catalog holds it, with spec and status decoded."""
-
-    key: JobKey
-    job_id: int
-    table_id: str
-    state: str
-    watermark: int | None
-    spec: dict[str, Any]
-    status: dict[str, Any]
-    create_at: datetime
-    drop_at: datetime | None
-    owner: str | None = None
-    """``<instance>@<epoch>`` of the instance serving the job (``cluster.enabled``)."""
-
-    @classmethod
-    def from_row(cls, row: CatalogRow) -> JobInfo:
-        return cls(
-            key=row.key,
-            job_id=row.job_id,
-            table_id=row.table_id,
-            state=row.job_state.value,
-            watermark=row.watermark,
-            spec=json.loads(row.job_spec),
-            status=json.loads(row.job_status),
-            create_at=row.create_at,
-            drop_at=row.drop_at,
-            owner=row.owner,
-        )
-
-
-class Progress:
-    """Reports a long wait to a person: ``report`` hears the message, with the seconds
-    waited, at most once per ``every`` seconds (the first time after ``every``)."""
-
-    def __init__(
-        self,
-        report: Callable[[str], None] | None,
-        every: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.report = report
-        self.every = every
-        self.clock = clock
-        self.started = clock()
-        self._next = self.started + every
-
-    def __call__(self, message: str) -> None:
-        now = self.clock()
-        if self.report is not None and now >= self._next:
-            self.report(f"{message} ({now - self.started:.0f}s)")
-            self._next = now + self.every
-
-
-@dataclass(frozen=True)
-class BulkStatus:
-    """A bulk operation and its tasks, as the service last wrote them."""
-
-    operation: BulkOperation
-    tasks: list[BulkTask]
-
-    @property
-    def done(self) -> int:
-        """Tasks that will not run again (unless rolled back)."""
-        return sum(t.state.terminal for t in self.tasks)
-
-    @property
-    def failed(self) -> int:
-        return sum(t.state in (TaskState.FAIL, TaskState.ROLLBACK_FAIL) for t in self.tasks)
-
-    @property
-    def ended(self) -> bool:
-        return self.operation.state.terminal
-
-    def summary(self) -> str:
-        by_state = ", ".join(f"{n} {s}" for s, n in sorted(counts(self.tasks).items()))
-        return (
-            f"bulk {self.operation.bulk_id} ({self.operation.operation.value}): "
-            f"{self.operation.state.value}, {self.done}/{len(self.tasks)} tasks done, "
-            f"{self.failed} failed [{by_state}]"
-        )
-
-
-def poll_until(
-    watches: Sequence[TableWatch],
-    read: Callable[[], T],
-    reached: Callable[[T], bool],
-    where: Callable[[T], str],
-    *,
-    initial: T,
-    timeout: float,
-    poll: float,
-    progress: Callable[[T], None] | None = None,
-) -> T:
-    """The one wait loop: re-``read`` when a watched table has a new commit, tell
-    ``progress`` at every poll, and return once ``reached`` says so (it may raise,
-    for a state no wait can leave). After ``timeout`` seconds, a temporary error
-    says ``where`` the thing stands."""
-    deadline = time.monotonic() + timeout
-    value = initial
-    while True:
-        if any([w.changed() for w in watches]):
-            value = read()
-        if progress is not None:
-            progress(value)
-        if reached(value):
-            return value
-        if time.monotonic() >= deadline:
-            raise TemporaryError(where(value))
-        time.sleep(poll)
 
 
 class StateReader:
@@ -515,16 +382,6 @@ class StateReader:
         if self.scan.version(self._path(CATALOG_TABLE)) is None:
             return None
         return self.get_job_status(key)
-
-
-def current_row(rows: Sequence[CatalogRow]) -> CatalogRow | None:
-    """Of one key's catalog rows, the live job, or else the most recently dropped one."""
-    return max(rows, key=lambda r: (r.is_live, r.create_at, r.job_id), default=None)
-
-
-def by_key(rows: Sequence[CatalogRow]) -> list[JobInfo]:
-    """Catalog rows as jobs, ordered by key (then job id)."""
-    return [JobInfo.from_row(r) for r in sorted(rows, key=lambda r: (r.key, r.job_id))]
 
 
 def _where(job: JobInfo | None) -> str:

@@ -25,8 +25,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lakeprop.membership.group import Claim, Seat
+from lakeprop.membership.group import Seat
 from lakeprop.membership.slots import slot_of
+from lakeprop.membership.topics import Claim
 
 FENCE_VERSION = 2**62
 """The transaction version a new owner commits for a writer it fences."""

@@ -21,7 +21,7 @@ from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
 from lakeprop.engine.triggers import JobView, is_eligible, plan_table, probe_from
 from lakeprop.errors import ErrorCode, SourceTableError
 from lakeprop.spec import JobRef, JobSpec
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import JobState, JobStatus
 from lakeprop.tables.resolve import Tables
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from lakeprop.spec import JobRef
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 
 
 @dataclass

@@ -18,7 +18,7 @@ from lakeprop.engine.model import IterationResult, MemberResult, Retry
 from lakeprop.engine.retry import retry_delay
 from lakeprop.errors import ErrorCode, is_temporary_code
 from lakeprop.spec import JobRef
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import ConsumerStatus, JobState, JobStatus, RetryStatus
 
 

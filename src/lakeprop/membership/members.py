@@ -17,8 +17,8 @@ from typing import Any
 from lakeprop.config import ClusterConfig, KafkaConfig
 from lakeprop.errors import BrokerError
 from lakeprop.kafka import admin, settings
-from lakeprop.membership.group import STATUS_SUFFIX, group_id
 from lakeprop.membership.slots import owned_tables, tables_by_slot
+from lakeprop.membership.topics import STATUS_SUFFIX, group_id
 
 
 @dataclass(frozen=True)

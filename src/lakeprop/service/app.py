@@ -32,8 +32,9 @@ from lakeprop.service.runner import Runner, RunnerParts
 from lakeprop.service.stream import ChangelogOffsets, start_query
 from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
-from lakeprop.state.catalog import CatalogRow, JobCatalog, RowScope, SharedWrites
+from lakeprop.state.catalog import JobCatalog, RowScope, SharedWrites
 from lakeprop.state.history import IterationHistory, rolled_forward
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import OutcomeTables
 from lakeprop.state.shared import Signed
 from lakeprop.state.store import (

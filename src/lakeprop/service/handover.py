@@ -31,11 +31,12 @@ from lakeprop.engine.model import IterationResult
 from lakeprop.engine.ownership import SlotChanges, SoleOwner
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.engine.takeover import take_over
-from lakeprop.membership.group import Claim
+from lakeprop.membership.topics import Claim
 from lakeprop.spec import JobRef
 from lakeprop.state import shared as shared_state
-from lakeprop.state.catalog import CatalogRow, JobCatalog
+from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory, rolled_forward
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import OutcomeTables, Verdict
 
 log = logging.getLogger(__name__)

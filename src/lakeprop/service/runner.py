@@ -68,8 +68,9 @@ from lakeprop.spec import JobRef
 from lakeprop.state import shared as shared_state
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.apply import apply_commands, decode_all, not_in_cluster
-from lakeprop.state.catalog import CatalogRow, JobCatalog
+from lakeprop.state.catalog import JobCatalog
 from lakeprop.state.history import IterationHistory
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, OutcomeTables
 from lakeprop.state.status import JobState
 from lakeprop.state.usage import UsageTable

@@ -20,7 +20,7 @@ from typing import Any
 from lakeprop.changelog import BulkCommand, Command, LogRecord, Operation, decode
 from lakeprop.errors import ErrorCode, InvalidMessageError, LakepropError
 from lakeprop.spec import JobKey, JobRef, JobSpec, merge_spec
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
 from lakeprop.state.status import EMPTY_STATUS, JobState
 from lakeprop.tenants import Census, Tenants

@@ -12,14 +12,12 @@ and writes changes to Delta.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
-from typing import Any
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql.types import (
@@ -27,71 +25,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from lakeprop.changelog import LogRecord
-from lakeprop.spec import JobKey, JobRef, JobSpec
+from lakeprop.spec import JobRef
 from lakeprop.state import store as state
-from lakeprop.state.schema import Int32, row_tuple, spark_schema
+from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.shared import Signed, signed_session, with_retries
-from lakeprop.state.status import JobState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CatalogRow:
-    """One job as stored in the catalog: a row of :data:`CATALOG_SCHEMA`."""
-
-    account_id: int
-    database: str
-    table: str
-    job_name: str
-    job_id: int
-    table_id: str
-    job_spec: str
-    job_state: JobState
-    watermark: int | None
-    """Delta version of the source up to which the job has consumed changes."""
-    watermark_ts: datetime | None
-    job_status: str
-    create_at: datetime
-    drop_at: datetime | None
-    owner: str | None
-    log_partition: Int32
-    log_offset: int
-
-    @property
-    def key(self) -> JobKey:
-        return JobKey(self.account_id, self.database, self.table, self.job_name)
-
-    @property
-    def row_id(self) -> JobRef:
-        return (self.key, self.job_id)
-
-    @property
-    def is_live(self) -> bool:
-        return self.drop_at is None
-
-    def spec(self) -> JobSpec:
-        return JobSpec.from_json(json.loads(self.job_spec))
-
-    def consumer_spec(self) -> str:
-        """Canonical JSON of the job's consumer (type and options)."""
-        return self.spec().iteration.consumer.canonical()
-
-    def as_tuple(self) -> tuple[Any, ...]:
-        return row_tuple(self)
-
-    @classmethod
-    def from_spark(cls, row: Any) -> CatalogRow:
-        values = {f.name: row[f.name] for f in fields(cls)}
-        values["job_state"] = JobState(values["job_state"])
-        return cls(**values)
-
-    def touched_by(self, record: LogRecord) -> CatalogRow:
-        return replace(self, log_partition=record.partition, log_offset=record.offset)
-
-
-CATALOG_SCHEMA = spark_schema(CatalogRow)
 
 
 class RowScope(Enum):

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lakeprop.state import store as state
-from lakeprop.state.catalog import CatalogRow
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.schema import ADDED_LATER, Int32, row_tuple, spark_schema
 from lakeprop.state.shared import Signed, with_retries
 from lakeprop.state.status import JobState

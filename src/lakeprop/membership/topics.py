@@ -1,0 +1,124 @@
+"""The membership topic: one partition per slot, claims and releases as records, and
+a compacted status topic beside it.
+
+A claim record's offset is its writer's epoch on the slot; :func:`unreleased_writers`
+reads back the claims that no release ended, the writers a new owner fences.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lakeprop.config import ClusterConfig, KafkaConfig
+from lakeprop.errors import BrokerError
+from lakeprop.kafka import admin, create_topic, settings
+
+STATUS_SUFFIX = ".status"
+"""The status topic is the membership topic's name plus this."""
+
+
+def group_id(topic: str) -> str:
+    """The consumer group of the instances sharing the membership topic ``topic``."""
+    return f"lakeprop.{topic}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A slot held: the epoch is the offset of the claim record in its partition."""
+
+    slot: int
+    epoch: int
+
+
+def ensure_topics(kafka: KafkaConfig, cluster: ClusterConfig, timeout: float = 30.0) -> None:
+    """Create the membership topic (one partition per slot) and its status topic."""
+    topic = cluster.members_topic(kafka.topic)
+    create_topic(kafka, topic, cluster.slots, {"retention.ms": str(7 * 86_400_000)}, timeout)
+    create_topic(
+        kafka,
+        topic + STATUS_SUFFIX,
+        1,
+        {"cleanup.policy": "compact", "retention.ms": str(7 * 86_400_000)},
+        timeout,
+    )
+    _check_partitions(kafka, topic, cluster.slots, timeout)
+
+
+def _check_partitions(kafka: KafkaConfig, topic: str, slots: int, timeout: float) -> None:
+    found = admin(kafka).list_topics(topic, timeout=timeout).topics.get(topic)
+    count = len(found.partitions) if found is not None and found.error is None else 0
+    if count != slots:
+        raise BrokerError(
+            f"membership topic {topic} has {count} partition(s) but cluster.slots is {slots}; "
+            "every instance must use the same slots, and the topic must have one partition per "
+            "slot (give a new cluster.topic to change the number of slots)"
+        )
+
+
+def unreleased_writers(
+    kafka: KafkaConfig,
+    topic: str,
+    claims: Iterable[Claim],
+    timeout: float = 10.0,
+    window: int = 64,
+) -> list[str]:
+    """Writers of the claims on each claimed slot after its last release and before
+    the claim (within the ``window`` records before it), read in one pass."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    wanted = {c.slot: c.epoch for c in claims if c.epoch > 0}
+    if not wanted:
+        return []
+    consumer = Consumer(
+        settings(
+            kafka, fixed={"group.id": "lakeprop-membership-reader", "enable.auto.commit": False}
+        )
+    )
+    records: dict[int, list[dict[str, Any]]] = {slot: [] for slot in wanted}
+    try:
+        starts = {}
+        for slot, epoch in wanted.items():
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, slot), timeout=timeout)
+            starts[slot] = max(low, epoch - window)
+        consumer.assign([TopicPartition(topic, slot, start) for slot, start in starts.items()])
+        position = dict(starts)
+        deadline = time.monotonic() + timeout
+        while any(position[s] < wanted[s] for s in wanted):
+            message = consumer.poll(max(0.0, deadline - time.monotonic()))
+            if message is None:
+                raise BrokerError(f"could not read the claims of slots {sorted(wanted)} of {topic}")
+            if message.error() is not None:
+                continue
+            partition, offset, value = message.partition(), message.offset() or 0, message.value()
+            if partition is None or partition not in wanted:
+                continue
+            slot = partition
+            position[slot] = offset + 1
+            if offset < wanted[slot] and value:
+                records[slot].append(json.loads(value))
+    finally:
+        consumer.close()
+    return _unreleased(records.values())
+
+
+def _unreleased(per_slot: Iterable[list[dict[str, Any]]]) -> list[str]:
+    """The claims' writers after each slot's last release by an owner that had fenced
+    its own predecessors. A release by one that had not (it gave the slot up before
+    taking it over) ends only its own writer's claim: the claims before it may
+    still be live."""
+    writers: set[str] = set()
+    for slot_records in per_slot:
+        done: set[str] = set()
+        for record in reversed(slot_records):
+            writer = str(record.get("writer") or "")
+            if record.get("kind") == "release":
+                if record.get("adopted", True):
+                    break
+                done.add(writer)
+            elif record.get("kind") == "claim" and writer and writer not in done:
+                writers.add(writer)
+    return sorted(writers)
