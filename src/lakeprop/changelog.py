@@ -332,7 +332,7 @@ def encode_bulk(
     rid = request_id or (bulk_id if op is Operation.BULK and bulk_id else uuid.uuid4().hex)
     target = rid if op is Operation.BULK else bulk_id
     if target is None:
-        raise ValueError(f"{op.value} needs the bulk_id it applies to")
+        raise InvalidMessageError(f"{op.value} needs the bulk_id it applies to")
     body: dict[str, Any] = {
         "version": ENVELOPE_VERSION,
         "op": op.value,
@@ -341,7 +341,7 @@ def encode_bulk(
     }
     if op is Operation.BULK:
         if selector is None or operation is None:
-            raise ValueError("a bulk operation needs a selector and an operation")
+            raise InvalidMessageError("a bulk operation needs a selector and an operation")
         body |= {"selector": dict(selector), "operation": operation}
     else:
         body["bulk_id"] = target

@@ -30,6 +30,7 @@ class ErrorCode(IntEnum):
     CHECKPOINT_IN_USE = 10002
     STATE_NOT_FOUND = 10003
     INVALID_ARGUMENT = 10004
+    QUERY_FAILED = 10005
     INVALID_MESSAGE = 10100
     UNSUPPORTED_VERSION = 10101
     UNKNOWN_OPERATION = 10102
@@ -74,6 +75,8 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.STATE_NOT_FOUND: "no state tables at `state.location`: the service never ran there",
     ErrorCode.INVALID_ARGUMENT: "a command-line argument cannot be used (malformed JSON, a "
     "missing file)",
+    ErrorCode.QUERY_FAILED: "the streaming query failed more than `engine.max_query_restarts` "
+    "times in a row; the service stops",
     ErrorCode.INVALID_MESSAGE: "a change-log message is not a valid envelope",
     ErrorCode.UNSUPPORTED_VERSION: "a change-log message of an envelope version this service "
     "does not read",

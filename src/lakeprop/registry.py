@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any
 
-from lakeprop.errors import UnknownConsumerError
+from lakeprop.errors import InvalidConfigError, UnknownConsumerError
 
 CONSUMER_BASE = "lakeprop.consumers.base.Consumer"
 ENTRY_POINT_GROUP = "lakeprop.consumers"
@@ -70,7 +70,7 @@ _REGISTRY: dict[str, ConsumerType] = {}
 def register_consumer_type(consumer_type: ConsumerType) -> None:
     """Make a consumer type available to job specs under its name."""
     if consumer_type.name in _REGISTRY or consumer_type.name in BUILT_INS:
-        raise ValueError(f"consumer type {consumer_type.name!r} is already registered")
+        raise InvalidConfigError(f"consumer type {consumer_type.name!r} is already registered")
     _REGISTRY[consumer_type.name] = consumer_type
 
 

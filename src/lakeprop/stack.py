@@ -61,7 +61,10 @@ def _installed(package: str) -> str:
     try:
         return version(package)
     except PackageNotFoundError:
-        raise RuntimeError(f"{package} is not installed: run scripts/setup.sh") from None
+        # the package is importable here: only an installed lakeprop asks for versions
+        from lakeprop.errors import InvalidConfigError
+
+        raise InvalidConfigError(f"{package} is not installed: run scripts/setup.sh") from None
 
 
 def spark_minor(spark_version: str) -> str:

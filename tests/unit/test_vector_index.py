@@ -18,7 +18,7 @@ from lakeprop.client.vectors import (
 )
 from lakeprop.consumers.vector_index import ivf
 from lakeprop.consumers.vector_index.options import RetrainPolicy, VectorOptions, validate
-from lakeprop.errors import InvalidConsumerOptionsError
+from lakeprop.errors import InvalidConsumerOptionsError, PermanentError
 
 
 def blobs(per: int = 50, centres: int = 4, dim: int = 3, seed: int = 0) -> np.ndarray:
@@ -59,7 +59,7 @@ def test_training_finds_separated_clusters_and_no_list_is_left_empty() -> None:
     assert len(ivf.train(data[:3], 8, "l2")) == 3  # never more lists than vectors
     spherical = ivf.train(data + 1, 4, "cosine")
     assert np.allclose(np.linalg.norm(spherical, axis=1), 1, atol=1e-5)
-    with pytest.raises(ValueError, match="no vectors"):
+    with pytest.raises(PermanentError, match="no vectors"):
         ivf.train(data[:0], 4, "l2")
 
 

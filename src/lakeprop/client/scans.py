@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lakeprop.errors import InvalidArgumentError
+
 Row = dict[str, Any]
 
 OPERATORS: Mapping[str, Callable[[Any, Any], bool]] = {
@@ -41,7 +43,7 @@ class Condition:
 
     def __post_init__(self) -> None:
         if self.op not in OPERATORS:
-            raise ValueError(f"unknown condition operator {self.op!r}")
+            raise InvalidArgumentError(f"unknown condition operator {self.op!r}")
 
     def holds(self, row: Mapping[str, Any]) -> bool:
         value = row.get(self.column)

@@ -39,7 +39,7 @@ from lakeprop.engine.model import (
     TableRef,
 )
 from lakeprop.engine.policy import Load, Policy, priority_first
-from lakeprop.errors import ErrorCode
+from lakeprop.errors import ErrorCode, TemporaryError
 from lakeprop.spec import JobRef
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Scheduler:
     def submit(self, plan: IterationPlan, work: Work, consumer_types: dict[int, str]) -> None:
         with self._cond:
             if self._closed:
-                raise RuntimeError("scheduler is not running")
+                raise TemporaryError("the scheduler is not running: the service stops")
             self._queued.append(_Task(plan, work, consumer_types, next(self._seq)))
             self._cond.notify_all()
 

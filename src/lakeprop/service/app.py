@@ -22,7 +22,7 @@ from lakeprop.engine.ownership import SlotOwner, SoleOwner
 from lakeprop.engine.policy import FairShare
 from lakeprop.engine.retry import retry_delay
 from lakeprop.engine.scheduler import Scheduler
-from lakeprop.errors import TemporaryError
+from lakeprop.errors import ErrorCode, PermanentError, TemporaryError
 from lakeprop.membership.group import Seat
 from lakeprop.notifications import CommitNotice
 from lakeprop.service.lock import CheckpointLock
@@ -329,9 +329,10 @@ class PropagationApp:
             self.query_failures += 1
             failures = 1 if time.monotonic() - started >= engine.retry_max else failures + 1
             if failures > engine.max_query_restarts:
-                raise RuntimeError(
+                raise PermanentError(
                     f"query {self.config.query_name} failed {failures} times in a row; "
-                    f"last error: {error}"
+                    f"last error: {error}",
+                    ErrorCode.QUERY_FAILED,
                 )
             delay = retry_delay(failures, engine.retry_base, engine.retry_max)
             log.error(

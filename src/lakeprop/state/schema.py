@@ -24,6 +24,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Union
 
+from lakeprop.errors import PermanentError
+
 Int32 = Annotated[int, "int32"]
 """A column stored as a 32-bit ``int``."""
 Float32 = Annotated[float, "float32"]
@@ -83,7 +85,7 @@ def spark_type(hint: Any) -> Any:
     }
     if hint in simple:
         return simple[hint]
-    raise TypeError(f"no Spark type for {hint!r}")
+    raise PermanentError(f"no Spark type for {hint!r}")
 
 
 def row_tuple(row: Any) -> tuple[Any, ...]:

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lakeprop.errors import ErrorCode, PermanentError
+
 Vectors = npt.NDArray[np.float32]
 METRICS = ("l2", "cosine", "inner_product")
 
@@ -139,7 +141,7 @@ def train(
     (spherical k-means); ``l2`` and ``inner_product`` train on L2, as faiss does.
     """
     if len(sample) == 0:
-        raise ValueError("cannot train an index on no vectors")
+        raise PermanentError("cannot train an index on no vectors", ErrorCode.CONSUMER_FAILED)
     rng = np.random.default_rng(seed)
     lists = min(lists, len(sample))
     centroids = seeds(sample, lists, rng)
