@@ -77,3 +77,24 @@ def test_no_page_points_at_what_a_reader_cannot_see() -> None:
         for match in pattern.finditer(path.read_text())
     ]
     assert found == []
+
+
+def test_the_development_page_names_every_module_in_its_package_row() -> None:
+    """The package map of docs/development.md shows the rooms the code has."""
+    page = (ROOT / "docs" / "development.md").read_text()
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in page.splitlines()
+        if line.startswith("| `") or line.startswith("| top level")
+    }
+    package = ROOT / "src" / "lakeprop"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if path.name == "__init__.py":
+            continue
+        room = f"{parts[0]}/" if len(parts) > 1 and f"{parts[0]}/" in rows else "top level"
+        row = rows.get(room, "")
+        if path.stem not in row:
+            missing.append(str(path.relative_to(package)))
+    assert missing == []
