@@ -50,8 +50,9 @@ def create_topic(
     from confluent_kafka.cimpl import NewTopic
 
     topic = NewTopic(name, num_partitions=partitions, replication_factor=-1, config=dict(config))
+    client = admin(kafka)  # held while the future resolves: a dropped client cancels it
     try:
-        admin(kafka).create_topics([topic], request_timeout=timeout)[name].result(timeout)
+        client.create_topics([topic], request_timeout=timeout)[name].result(timeout)
     except KafkaException as exc:
         error = exc.args[0]
         if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
