@@ -26,6 +26,43 @@ def changes(*rows: tuple[int, str, str, int]) -> pa.Table:
     )
 
 
+def test_a_pre_image_is_a_delete_of_its_key_unless_the_commit_leaves_the_key() -> None:
+    """Key-changing updates: the old key goes, also when keys move along a chain in
+    one commit, swap, or move away and back over two commits."""
+    feed = changes(
+        # v2: 1 -> 100 (the old key is only in the pre-image)
+        (1, "a", "update_preimage", 2),
+        (100, "a", "update_postimage", 2),
+        # v3: a chain in one commit, 5 -> 6 -> 7: key 6 is left by the row that was 5
+        (5, "e", "update_preimage", 3),
+        (6, "e", "update_postimage", 3),
+        (6, "f", "update_preimage", 3),
+        (7, "f", "update_postimage", 3),
+        # v4: 8 <-> 9 swap
+        (8, "h", "update_preimage", 4),
+        (9, "h", "update_postimage", 4),
+        (9, "i", "update_preimage", 4),
+        (8, "i", "update_postimage", 4),
+        # v5 and v6: 10 -> 11, then 11 -> 10 again
+        (10, "j", "update_preimage", 5),
+        (11, "j", "update_postimage", 5),
+        (11, "j", "update_preimage", 6),
+        (10, "j2", "update_postimage", 6),
+    )
+    latest = latest_change_per_key_arrow(feed, ["id"]).sort_by("id")
+    assert [(r["id"], r["name"], r["_change_type"]) for r in latest.to_pylist()] == [
+        (1, "a", "delete"),
+        (5, "e", "delete"),
+        (6, "e", "update_postimage"),
+        (7, "f", "update_postimage"),
+        (8, "i", "update_postimage"),
+        (9, "h", "update_postimage"),
+        (10, "j2", "update_postimage"),
+        (11, "j", "delete"),
+        (100, "a", "update_postimage"),
+    ]
+
+
 def test_the_last_change_per_key_follows_commit_order_and_drops_pre_images() -> None:
     feed = changes(
         (1, "b", "update_postimage", 3),

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from lakeprop.consumers.base import Consumer
@@ -39,7 +39,6 @@ from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 
 _ALLOWED = {"topic", "bootstrap_servers", "primary_key"}
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_OPS = {"insert": "insert", "update_postimage": "update", "delete": "delete"}
 
 
 class KafkaChangefeedConsumer(Consumer):
@@ -104,6 +103,20 @@ class KafkaChangefeedConsumer(Consumer):
         )
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
-        data = changes.where(F.col("_change_type") != "update_preimage")
-        op = F.coalesce(*[F.when(F.col("_change_type") == k, F.lit(v)) for k, v in _OPS.items()])
-        return self._publish(data, op, F.col("_commit_version"), F.col("_commit_timestamp"))
+        """Per commit and key: an insert, a delete, or an update when both of an
+        update's images carry the key. An update that changed a key column is a
+        delete of the old key (its pre-image) and an insert of the new one."""
+        kind = F.col("_change_type")
+        commit = Window.partitionBy(*self.context.options["primary_key"], "_commit_version")
+        pre = F.max((kind == "update_preimage").cast("int")).over(commit) == 1
+        post = F.max((kind == "update_postimage").cast("int")).over(commit) == 1
+        op = (
+            F.when(kind.isin("insert", "delete"), kind)
+            .when((kind == "update_postimage") & pre, F.lit("update"))
+            .when(kind == "update_postimage", F.lit("insert"))
+            .when((kind == "update_preimage") & ~post, F.lit("delete"))
+        )
+        data = changes.withColumn("_op", op).where(F.col("_op").isNotNull())
+        return self._publish(
+            data, F.col("_op"), F.col("_commit_version"), F.col("_commit_timestamp")
+        )
