@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 from pyspark.sql import SparkSession
 
-from lakeprop.tables.probe import DeltaLogProbe, estimate_change_rows
+from lakeprop.tables.probe import CommitChanges, DeltaLogProbe, estimate_change_rows
 
 PROBE = DeltaLogProbe(cast(SparkSession, None))  # local paths never touch the session
 
@@ -130,3 +130,31 @@ def test_a_commits_change_rows_are_read_from_its_log_file(tmp_path: Path) -> Non
     (log / f"{2:020d}.json").write_text("\n".join(json.dumps(a) for a in blind) + "\n")
     location = str(tmp_path / "t")
     assert [PROBE.change_rows(location, v) for v in (1, 2, 3)] == [4, 9, None]
+
+
+def test_an_overwrite_counts_the_rows_it_removed_or_says_it_cannot(tmp_path: Path) -> None:
+    """An overwrite of many rows that writes a few is many deletes plus a few inserts:
+    removed files' statistics count the deletes; without them the count is a lower
+    bound, never taken as a small change set."""
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+
+    def commit(version: int, *actions: dict[str, object]) -> None:
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in actions))
+
+    write = {"commitInfo": {"operation": "WRITE", "operationMetrics": {"numOutputRows": "5"}}}
+    added = {"add": {"path": "n.parquet", "dataChange": True, "stats": '{"numRecords": 5}'}}
+    commit(1, write, added, {"remove": {"path": "o.parquet", "dataChange": True}})
+    counted = {"path": "o.parquet", "dataChange": True, "stats": '{"numRecords": 100000}'}
+    commit(2, write, added, {"remove": counted})
+    optimize = {"commitInfo": {"operation": "OPTIMIZE", "operationMetrics": {"numAddedFiles": "1"}}}
+    commit(
+        3,
+        optimize,
+        {"add": {"path": "c.parquet", "dataChange": False, "stats": '{"numRecords": 9}'}},
+        {"remove": {"path": "n.parquet", "dataChange": False}},
+    )
+    location = str(tmp_path / "t")
+    assert PROBE.commit_changes(location, 1) == CommitChanges(5, False, exact=False)
+    assert PROBE.commit_changes(location, 2) == CommitChanges(100_005, False, exact=True)
+    assert PROBE.commit_changes(location, 3) == CommitChanges(0, False, exact=True)

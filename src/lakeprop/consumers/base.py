@@ -292,6 +292,11 @@ class Consumer(ABC):
         )
         self.target.save(writer)
 
+    def written_columns(self) -> list[str]:
+        """The target columns a tail writes, for the source's columns in the context
+        (the engine checks that a target has them before it writes natively)."""
+        return []
+
     def applied_version(self) -> int | None:
         """The last version this job's idempotent writes committed to the target, if any."""
         return DeltaLogProbe(self.context.spark).last_transaction(

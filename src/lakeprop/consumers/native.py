@@ -10,8 +10,14 @@ a Spark one is. The engine decides when an iteration goes this way
 ``Consumer.native`` and implements ``apply_changes_native`` with these helpers.
 
 A target is written natively only when delta-rs can write every feature its
-protocol uses (:func:`writable`); row tracking, domain metadata, identity
-columns and deletion vectors are left to Spark.
+protocol uses (:func:`writable`); row tracking, domain metadata, identity and
+generated columns, column mapping and deletion vectors are left to Spark. A
+source's change feed is read natively only when delta-rs reads every feature
+it uses (:func:`readable`): column mapping is left to Spark (delta-rs 1.6 does
+not read a column-mapped change feed), deletion vectors are read (the operation
+fuzzer compares delta-rs's change feed of deletion-vector commits with Spark's).
+Both decide from the table's protocol, legacy versions included, and schema,
+never by trying.
 """
 
 from __future__ import annotations
@@ -27,10 +33,46 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 NATIVE_WRITER_FEATURES = frozenset(
-    {"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "timestampNtz"}
+    {
+        "appendOnly",
+        "invariants",
+        "checkConstraints",
+        "changeDataFeed",
+        "timestampNtz",
+        "generatedColumns",  # only a table without any (checked in the schema)
+    }
 )
 """Writer features delta-rs writes as Spark does; a table using any other goes to Spark."""
+NATIVE_READER_FEATURES = frozenset(
+    {"deletionVectors", "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}
+)
+"""Reader features with which delta-rs reads a change feed as Spark does."""
 MAX_READER_VERSION, MAX_WRITER_VERSION = 3, 7
+LEGACY_WRITER_FEATURES = {
+    1: frozenset(),
+    2: frozenset({"appendOnly", "invariants"}),
+    3: frozenset({"appendOnly", "invariants", "checkConstraints"}),
+    4: frozenset(
+        {"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns"}
+    ),
+    5: frozenset(
+        {
+            *("appendOnly", "invariants", "checkConstraints", "changeDataFeed"),
+            *("generatedColumns", "columnMapping"),
+        }
+    ),
+    6: frozenset(
+        {
+            *("appendOnly", "invariants", "checkConstraints", "changeDataFeed"),
+            *("generatedColumns", "columnMapping", "identityColumns"),
+        }
+    ),
+}
+"""The features a legacy writer version (below 7, no feature list) admits."""
+LEGACY_READER_FEATURES = {1: frozenset(), 2: frozenset({"columnMapping"})}
+"""The features a legacy reader version (below 3) admits."""
+GENERATED = ("delta.generationExpression", "delta.identity.start", "delta.identity.step")
+"""Column metadata of generated and identity columns."""
 
 
 def available() -> bool:
@@ -54,21 +96,71 @@ def _uri(location: str) -> str:
     return location[len("file:") :] if location.startswith("file:/") else location
 
 
-def writable(table: DeltaTable) -> str | None:
-    """Why delta-rs must not write ``table`` (a feature it does not write as Spark
-    does), or None when it may."""
+def features(table: DeltaTable) -> tuple[frozenset[str], frozenset[str]]:
+    """The table's (reader, writer) features: its lists from version 3 and 7 on, what
+    its legacy versions admit below them."""
+    protocol = table.protocol()
+    reader = (
+        frozenset(protocol.reader_features or ())
+        if protocol.min_reader_version >= 3
+        else LEGACY_READER_FEATURES.get(protocol.min_reader_version, frozenset({"unknown"}))
+    )
+    writer = (
+        frozenset(protocol.writer_features or ())
+        if protocol.min_writer_version >= 7
+        else LEGACY_WRITER_FEATURES.get(protocol.min_writer_version, frozenset({"unknown"}))
+    )
+    return reader, writer
+
+
+def _versions(table: DeltaTable) -> str | None:
     protocol = table.protocol()
     if protocol.min_reader_version > MAX_READER_VERSION:
         return f"reader version {protocol.min_reader_version}"
     if protocol.min_writer_version > MAX_WRITER_VERSION:
         return f"writer version {protocol.min_writer_version}"
-    features = set(protocol.writer_features or ()) | set(protocol.reader_features or ())
-    unknown = sorted(features - NATIVE_WRITER_FEATURES)
-    if unknown:
-        return f"table features {unknown}"
-    if protocol.min_writer_version >= 7 and not protocol.writer_features:
-        return "writer version 7 without features"
     return None
+
+
+def _generated_columns(table: DeltaTable) -> list[str]:
+    return [f.name for f in table.schema().fields if any(g in f.metadata for g in GENERATED)]
+
+
+def writable(table: DeltaTable) -> str | None:
+    """Why delta-rs must not write ``table`` (a feature it does not write as Spark
+    does, legacy protocol versions included), or None when it may."""
+    version = _versions(table)
+    if version is not None:
+        return version
+    reader, writer = features(table)
+    unknown = sorted((reader | writer) - NATIVE_WRITER_FEATURES)
+    if unknown:
+        return f"table features {unknown} (protocol {_protocol(table)})"
+    generated = _generated_columns(table)
+    if generated:
+        return f"generated or identity column(s) {generated}"
+    return None
+
+
+def readable(table: DeltaTable) -> str | None:
+    """Why delta-rs must not read ``table``'s change feed (a feature it does not read
+    as Spark does), or None when it may."""
+    version = _versions(table)
+    if version is not None:
+        return version
+    reader, writer = features(table)
+    mapped = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if "columnMapping" in reader | writer and mapped != "none":
+        return f"column mapping ({mapped} mode), whose change feed delta-rs does not read"
+    unknown = sorted(reader - NATIVE_READER_FEATURES - {"columnMapping"})
+    if unknown:
+        return f"reader features {unknown} (protocol {_protocol(table)})"
+    return None
+
+
+def _protocol(table: DeltaTable) -> str:
+    protocol = table.protocol()
+    return f"({protocol.min_reader_version},{protocol.min_writer_version})"
 
 
 class TargetAlteredError(PermanentError):

@@ -34,6 +34,8 @@ from lakeprop.consumers.options import (
     target_options,
 )
 from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
+from lakeprop.identifiers import quote
+from lakeprop.tables.resolve import TableHandle
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -84,6 +86,9 @@ class ReplicaConsumer(Consumer):
         """Columns of the target table, in order."""
         return list(self.context.options.get("columns") or self.context.source_columns)
 
+    def written_columns(self) -> list[str]:
+        return self.target_columns()
+
     def snapshot(self, rows: DataFrame, version: int) -> int:
         data = rows.select(*self.columns)
         self.overwrite(data, version)
@@ -94,6 +99,7 @@ class ReplicaConsumer(Consumer):
         rows = self.context.change_rows
         if rows == 0 or (rows is None and changes.isEmpty()):
             return 0
+        self._follow_added_columns(target, changes, from_version)
         latest = self.context.latest_changes(changes, self.key).select(
             *self.columns, "_change_type"
         )
@@ -113,6 +119,25 @@ class ReplicaConsumer(Consumer):
             metrics = merge.execute().first()
         # rows the MERGE inserted, updated or deleted (0 when Delta skipped a replay)
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def _follow_added_columns(self, target: TableHandle, changes: DataFrame, start: int) -> None:
+        """Columns the source gained after ``start`` are added to the target (its rows
+        hold NULL there, as the source's older rows do). A column the target lacks
+        that the source had at ``start`` was dropped from the target underneath the
+        job: it is left for the MERGE to fail on, naming it."""
+        present = {f.name.lower() for f in target.load(target.reader()).schema.fields}
+        missing = [c for c in self.columns if c.lower() not in present]
+        if not missing:
+            return
+        key = self.context.key
+        source = self.context.locate(key.database, key.table)
+        before = source.load(source.reader().option("versionAsOf", start)).schema
+        had = {f.name.lower() for f in before.fields}
+        fields = {f.name.lower(): f for f in changes.schema.fields}
+        added = [fields[c.lower()] for c in missing if c.lower() not in had]
+        if added:
+            columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in added)
+            self.context.spark.sql(f"ALTER TABLE {target.sql_name} ADD COLUMNS ({columns})")
 
     def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
         """The same MERGE with delta-rs, in the driver: the last change per key, one

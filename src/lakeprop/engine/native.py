@@ -121,38 +121,67 @@ def plan_native(
         return f"source location: {exc}"
     rows = _estimated_rows(spark, source, plan, settings.max_rows)
     if rows is None:
-        return "a commit of the range changes the table's metadata, or its file is gone"
+        return (
+            "a commit of the range changes the table's metadata, removes files whose rows "
+            "its log does not count, or its file is gone"
+        )
     if rows > settings.max_rows:
         return f"more than {settings.max_rows} change rows (engine.native_max_rows)"
-    targets: dict[int, str] = {}
     try:
-        native.open_table(source, settings.storage_options)
-        for job in jobs:
-            context = _context(spark, job, tables, settings, None, 0)
-            target = get_consumer_type(job.spec.iteration.consumer.type).factory(context).target
-            location = target.location()
-            blocked = native.writable(native.open_table(location, settings.storage_options))
-            if blocked is not None:
-                return f"target {target} uses {blocked}, which delta-rs does not write"
-            targets[job.member.job_id] = location
+        read = native.open_table(source, settings.storage_options)
+        unread = native.readable(read)
+        if unread is not None:
+            return f"source uses {unread}"
+        columns = tuple(f.name for f in read.schema().fields)
+        targets = _targets(spark, jobs, tables, settings, columns)
     except Exception as exc:  # unreachable storage, a missing target, no credentials
         return f"delta-rs cannot open the tables: {str(exc).splitlines()[0][:200]}"
+    if isinstance(targets, str):
+        return targets
     return NativePlan(source, targets)
+
+
+def _targets(
+    spark: SparkSession,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    settings: NativeSettings,
+    columns: tuple[str, ...],
+) -> dict[int, str] | str:
+    """Each member's target location, or why one cannot be written natively: a
+    feature delta-rs does not write, or a source column it lacks (Spark adds it)."""
+    targets: dict[int, str] = {}
+    for job in jobs:
+        context = _context(spark, job, tables, settings, None, 0, columns)
+        consumer = get_consumer_type(job.spec.iteration.consumer.type).factory(context)
+        target = consumer.target
+        location = target.location()
+        table = native.open_table(location, settings.storage_options)
+        blocked = native.writable(table)
+        if blocked is not None:
+            return f"target {target} uses {blocked}, which delta-rs does not write"
+        present = {f.name.lower() for f in table.schema().fields}
+        lacking = [c for c in consumer.written_columns() if c.lower() not in present]
+        if lacking:
+            return f"target {target} lacks column(s) {lacking} the source has"
+        targets[job.member.job_id] = location
+    return targets
 
 
 def _estimated_rows(
     spark: SparkSession, location: str, plan: IterationPlan, bound: int
 ) -> int | None:
     """Change rows of the range from the commits' metrics (one commit file each),
-    stopping as soon as the bound is passed; None when a commit cannot tell, or
-    changes the table's metadata (Spark reads a change feed across a schema change,
-    or refuses to, as Delta defines)."""
+    stopping as soon as the bound is passed; None when a commit cannot tell (an
+    overwrite whose removed rows nothing counts: 100 M deleted rows are not a
+    small change set, whatever it wrote), or changes the table's metadata (Spark
+    reads a change feed across a schema change, or refuses to, as Delta defines)."""
     assert plan.from_version is not None
     probe = DeltaLogProbe(spark)
     total = 0
     for version in range(plan.from_version + 1, plan.to_version + 1):
         commit = probe.commit_changes(location, version)
-        if commit is None or commit.metadata:
+        if commit is None or commit.metadata or not commit.exact:
             return None
         total += commit.rows
         if total > bound:

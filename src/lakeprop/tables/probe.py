@@ -38,19 +38,31 @@ class CommitChanges:
     """What one commit changed, from its commit file."""
 
     rows: int
-    """Its estimated Change Data Feed rows (:func:`estimate_change_rows`)."""
+    """Its estimated Change Data Feed rows (:func:`estimate_change_rows`); a lower
+    bound when not ``exact``."""
     metadata: bool
     """Whether it changed the table's metadata or protocol (a schema change among them)."""
+    exact: bool = True
+    """False when it removed files whose rows neither its metrics nor the files'
+    statistics count (an overwrite's removed files carry no statistics): their rows
+    are deletes of the change feed that ``rows`` leaves out."""
 
 
-def estimate_change_rows(metrics: Mapping[str, object], added_rows: int) -> int:
+COUNTED = ("numTargetRowsInserted", "numUpdatedRows", "numDeletedRows")
+"""Metrics by which an operation counts every row its change feed holds."""
+
+
+def estimate_change_rows(
+    metrics: Mapping[str, object], added_rows: int, removed_rows: int = 0
+) -> int:
     """Change Data Feed rows a commit yields, from its ``operationMetrics``.
 
     An update yields a pre- and a post-image, an insert or a delete one row.
     Metrics are per operation: MERGE counts target rows inserted, updated and
-    deleted; UPDATE and DELETE their rows; a write its output rows. Without any
-    (metrics off, or an operation that records none), the rows of the files the
-    commit added, from their statistics.
+    deleted; UPDATE and DELETE their rows; a write its output rows, to which an
+    overwrite's removed rows add (``removed_rows``, from the removed files'
+    statistics). Without any (metrics off, or an operation that records none:
+    RESTORE, TRUNCATE), the rows of the files the commit added and removed.
     """
 
     def n(name: str) -> int:
@@ -68,8 +80,8 @@ def estimate_change_rows(metrics: Mapping[str, object], added_rows: int) -> int:
     if "numDeletedRows" in metrics:  # DELETE
         return n("numDeletedRows")
     if "numOutputRows" in metrics:  # WRITE, CREATE TABLE AS SELECT, STREAMING UPDATE
-        return n("numOutputRows")
-    return added_rows
+        return n("numOutputRows") + removed_rows
+    return added_rows + removed_rows
 
 
 class DeltaLogProbe:
@@ -186,7 +198,8 @@ class DeltaLogProbe:
         if not files.exists(path):
             return None
         metrics: Mapping[str, object] = {}
-        added = 0
+        added = removed = 0
+        uncounted = False
         metadata = False
         for line in files.lines(path):
             if line.startswith('{"commitInfo"'):
@@ -195,9 +208,18 @@ class DeltaLogProbe:
                 add = json.loads(line)["add"]
                 if add.get("dataChange", True) and add.get("stats"):
                     added += int(json.loads(add["stats"]).get("numRecords", 0))
+            elif line.startswith('{"remove"'):
+                remove = json.loads(line)["remove"]
+                if remove.get("dataChange", True):
+                    stats = remove.get("stats")
+                    if stats and "numRecords" in json.loads(stats):
+                        removed += int(json.loads(stats)["numRecords"])
+                    else:
+                        uncounted = True
             elif line.startswith('{"metaData"') or line.startswith('{"protocol"'):
                 metadata = True
-        return CommitChanges(estimate_change_rows(metrics, added), metadata)
+        exact = not uncounted or any(name in metrics for name in COUNTED)
+        return CommitChanges(estimate_change_rows(metrics, added, removed), metadata, exact)
 
     def commit_time(self, location: str, version: int) -> float | None:
         """When commit ``version`` was made (its ``commitInfo`` timestamp, in epoch

@@ -62,6 +62,13 @@ class TableHandle:
             )
         return bool(self.spark.catalog.tableExists(str(self.name)))
 
+    @property
+    def sql_name(self) -> str:
+        """The table as Spark SQL names it (``delta.`<path>``` for a path table)."""
+        if self.path is not None:
+            return "delta.`" + self.path.replace("`", "``") + "`"
+        return str(self.name)
+
     def delta(self) -> DeltaTable:
         if self.path is not None:
             return DeltaTable.forPath(self.spark, self.path)
