@@ -30,7 +30,7 @@ def test_an_event_source_gets_its_defaults() -> None:
 def test_a_table_source_is_sequenced_by_its_commit_version_unless_asked() -> None:
     assert validate({"keys": ["id"], "source_kind": "table"})["sequence_by"] == ["_commit_version"]
     ts = validate({"keys": ["id"], "source_kind": "table", "sequence_by": "_commit_timestamp"})
-    assert ts["sequence_by"] == ["_commit_timestamp"]
+    assert ts["sequence_by"] == ["_commit_timestamp", "_commit_version"]
     assert source_columns(ts) == ["id"]
 
 

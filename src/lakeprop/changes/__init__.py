@@ -6,6 +6,7 @@ from __future__ import annotations
 from lakeprop.changes.bounds import Bounds, boundable, bounded_columns, bounds_after
 from lakeprop.changes.feed import CDF_COLUMNS
 from lakeprop.changes.latest import latest_change_per_key, latest_change_per_key_arrow
+from lakeprop.changes.widening import widens
 
 __all__ = [
     "CDF_COLUMNS",
@@ -15,4 +16,5 @@ __all__ = [
     "bounds_after",
     "latest_change_per_key",
     "latest_change_per_key_arrow",
+    "widens",
 ]

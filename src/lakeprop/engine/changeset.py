@@ -11,7 +11,8 @@ snapshot holds the table as of ``to``. When the range can no longer be read
 (vacuumed, past log retention, change feed off), the change set becomes a
 snapshot at the same version: a full resync, recorded as such. Missing files
 are never skipped. A range Delta refuses to read across a schema change is a
-permanent error saying what changed (:func:`schema_change`).
+permanent error saying what changed (:class:`ColumnChanges`); one that only
+widened column types is read at the wider types.
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
 
-from lakeprop.changes import Bounds, bounded_columns, bounds_after, latest_change_per_key
+from lakeprop.changes import (
+    Bounds,
+    bounded_columns,
+    bounds_after,
+    latest_change_per_key,
+    widens,
+)
+from lakeprop.engine.fanout import session_confs
 from lakeprop.engine.model import CancelToken, IterationKind, IterationPlan, IterationResult
 from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd
 from lakeprop.errors import ErrorCode, LakepropError, PermanentError
@@ -136,7 +145,12 @@ def read(
             if data is not None:
                 release(data)
             if not token.cancelled and any(m in str(exc) for m in _SCHEMA_CHANGED):
-                raise schema_change(source, plan) from None
+                changes = column_changes(source, plan)
+                if not changes.widening_only:
+                    raise changes.error() from None
+                log.info("%s: read across widened column types %s", source, changes.changed)
+                with session_confs(source.spark, {WIDENING_READ: "true"}):
+                    return read(source, plan, result, token, keys)
             if token.cancelled or not _unreadable(exc):
                 raise
             result.kind = IterationKind.SNAPSHOT
@@ -158,34 +172,66 @@ def read(
     return ChangeSet(snapshot)
 
 
-def schema_change(source: TableHandle, plan: IterationPlan) -> PermanentError:
+WIDENING_READ = (
+    "spark.databricks.delta.changeDataFeed.unsafeBatchReadOnIncompatibleSchemaChanges.enabled"
+)
+"""Delta's switch to read a change feed across a schema change at the end version's
+schema: set only for a range whose columns were widened (or added), never dropped,
+renamed or changed otherwise, so every value reads at its wider type."""
+
+
+@dataclass(frozen=True)
+class ColumnChanges:
+    """How a source's columns changed between two versions."""
+
+    source: str
+    start: int
+    end: int
+    dropped: list[str]
+    changed: list[tuple[str, DataType, DataType]]
+    added: list[str]
+
+    @property
+    def widening_only(self) -> bool:
+        """Nothing dropped or renamed, every changed type widened in place."""
+        return not self.dropped and all(widens(old, new) for _, old, new in self.changed)
+
+    def error(self) -> PermanentError:
+        """A permanent error saying what changed (a resync rebuilds from the source)."""
+        what = []
+        if self.dropped:
+            what.append(f"it no longer has column(s) {self.dropped}")
+        if self.changed:
+            shown = [f"{c} {o.simpleString()} -> {n.simpleString()}" for c, o, n in self.changed]
+            what.append(f"column type(s) changed: {shown}")
+        if self.added:
+            what.append(f"new column(s) {self.added}")
+        return PermanentError(
+            f"source {self.source} changed its columns between versions {self.start} and "
+            f"{self.end} in a way its change feed cannot be read across: "
+            f"{'; '.join(what) or 'its column mapping changed'}; resync the job to rebuild it "
+            "from the source as it is now",
+            ErrorCode.SOURCE_SCHEMA_CHANGED,
+        )
+
+
+def column_changes(source: TableHandle, plan: IterationPlan) -> ColumnChanges:
     """What changed in the source's columns over a range whose change feed Delta will
-    not read: a permanent error saying so (a resync rebuilds from the source as it is)."""
+    not read as it is."""
     assert plan.from_version is not None
 
-    def fields(version: int) -> dict[str, str]:
+    def fields(version: int) -> dict[str, DataType]:
         schema = source.load(source.reader().option("versionAsOf", version)).schema
-        return {f.name: f.dataType.simpleString() for f in schema.fields}
+        return {f.name: f.dataType for f in schema.fields}
 
     before, after = fields(plan.from_version), fields(plan.to_version)
-    what = []
-    dropped = [c for c in before if c not in after]
-    if dropped:
-        what.append(f"it no longer has column(s) {dropped}")
-    changed = [
-        f"{c} {before[c]} -> {after[c]}" for c in before if c in after and before[c] != after[c]
-    ]
-    if changed:
-        what.append(f"column type(s) changed: {changed}")
-    added = [c for c in after if c not in before]
-    if added:
-        what.append(f"new column(s) {added}")
-    return PermanentError(
-        f"source {source} changed its columns between versions {plan.from_version} and "
-        f"{plan.to_version} in a way its change feed cannot be read across: "
-        f"{'; '.join(what) or 'its column mapping changed'}; resync the job to rebuild it "
-        "from the source as it is now",
-        ErrorCode.SOURCE_SCHEMA_CHANGED,
+    return ColumnChanges(
+        str(source),
+        plan.from_version,
+        plan.to_version,
+        [c for c in before if c not in after],
+        [(c, before[c], after[c]) for c in before if c in after and before[c] != after[c]],
+        [c for c in after if c not in before],
     )
 
 

@@ -4,6 +4,7 @@ tables kept next to the target, and the target's schema following the source's."
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -23,6 +24,7 @@ from lakeprop.consumers.auto_cdc.scd1 import Scd1, conflict_error
 from lakeprop.consumers.auto_cdc.scd2 import Scd2
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.spec import target_table
+from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import TableHandle
 
 TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
@@ -31,9 +33,7 @@ TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
 
 def sql_ref(table: TableHandle) -> str:
     """The table as Spark SQL names it."""
-    if table.path is not None:
-        return "delta.`" + table.path.replace("`", "``") + "`"
-    return str(table.name)
+    return table.sql_name
 
 
 class AutoCdcConsumer(Consumer):
@@ -74,7 +74,7 @@ class AutoCdcConsumer(Consumer):
     def snapshot(self, rows: DataFrame, version: int) -> int:
         columns = self.options.target_columns(rows.columns)
         if self.options.table_source:
-            raw = ev.table_snapshot(rows, self.options, columns, self._sequence_at(version))
+            raw = ev.table_snapshot(rows, self.options, columns, self._commit(version))
         else:
             raw = ev.raw_events(rows, self.options, columns)
         prepared = ev.prepare(raw, self.options, self.source_name, -1, version)
@@ -93,6 +93,8 @@ class AutoCdcConsumer(Consumer):
         if self.options.table_source:
             raw = ev.table_changes(changes, self.options, columns)
         else:
+            if self.options.skip_change_commits:
+                changes = ev.without_change_commits(changes)
             raw = ev.raw_events(changes, self.options, columns)
         prepared = ev.prepare(raw, self.options, self.source_name, from_version, to_version)
         self._quarantine(prepared, to_version, changes.columns, overwrite=False)
@@ -170,13 +172,18 @@ class AutoCdcConsumer(Consumer):
         scd = self._scd2(columns)
         store = self.beside(EVENTS)
         bounds = self.context.in_change_range(self.options.keys, "t")
+        # the touched keys' events and rows, read from the files whose key statistics
+        # overlap the range's keys (data skipping), not the whole store
+        within = reduce(
+            lambda a, b: a & b, self.context.in_change_range(self.options.keys), F.lit(True)
+        )
         touched = prepared.frame.select(*self.options.keys).distinct()
-        stored = store.load(store.reader()).join(touched, list(self.options.keys))
+        stored = store.load(store.reader()).where(within).join(touched, list(self.options.keys))
         new = scd.new_events(prepared.frame, stored, self.source_name).localCheckpoint()
         if new.isEmpty():
             return 0  # every event applied already (a replayed range)
         every = scd.as_events(stored).unionByName(new)
-        current = target.load(target.reader()).join(touched, list(self.options.keys))
+        current = target.load(target.reader()).where(within).join(touched, list(self.options.keys))
         changes = scd.changes(scd.fold(every), current).localCheckpoint()
         with self.context.idempotent(version), self.context.merging_held():
             metrics = scd.merge(target.delta(), changes, bounds).execute().first()
@@ -191,13 +198,15 @@ class AutoCdcConsumer(Consumer):
 
     # -- chores ----------------------------------------------------------------------
 
-    def _sequence_at(self, version: int) -> Any:
-        """A table source's sequence of its snapshot: the version, or its commit time."""
-        if self.options.sequence_by[0] == options.COMMIT_VERSION:
-            return version
-        source = self.context.locate(self.context.key.database, self.context.key.table)
-        found = source.delta().history().where(F.col("version") == version).first()
-        return None if found is None else found["timestamp"]
+    def _commit(self, version: int) -> dict[str, Any]:
+        """The snapshot's commit as a table source's sequence sees it: its version, and
+        its timestamp when the sequence has it (from the source's history)."""
+        commit: dict[str, Any] = {options.COMMIT_VERSION: version}
+        if options.COMMIT_TIMESTAMP in self.options.sequence_by:
+            source = self.context.locate(self.context.key.database, self.context.key.table)
+            found = source.delta().history().where(F.col("version") == version).first()
+            commit[options.COMMIT_TIMESTAMP] = None if found is None else found["timestamp"]
+        return commit
 
     def _create(self, table: TableHandle, data: DataFrame, version: int) -> None:
         """Replace ``table`` with ``data`` once per version, its change feed on."""
@@ -213,7 +222,11 @@ class AutoCdcConsumer(Consumer):
     def _quarantine(
         self, prepared: ev.Events, version: int, source_columns: list[str], *, overwrite: bool
     ) -> None:
-        """Rows with a NULL key or sequence, with the reason and their source version."""
+        """Rows with a NULL key or sequence, with the reason and their source version.
+
+        A range applied again after a crash, longer than the first time (its end
+        moved on), appends only the rows of versions the table has not taken yet:
+        its last write's transaction version says up to where it has."""
         table = self.beside(QUARANTINE)
         if prepared.quarantined is None:
             if overwrite and table.exists():
@@ -221,9 +234,13 @@ class AutoCdcConsumer(Consumer):
                 self._create(table, empty, version)
             return
         del source_columns
-        rows = prepared.quarantined.select(
-            *[c for c in prepared.quarantined.columns if c not in (ev.OP,)],
-        ).withColumn("__source_version", F.lit(version).cast("long"))
+        rows = prepared.quarantined.drop(ev.OP)
+        if ev.VERSION not in rows.columns:  # a snapshot's rows
+            rows = rows.withColumn(ev.VERSION, F.lit(version))
+        rows = rows.withColumn(ev.VERSION, F.col(ev.VERSION).cast("long"))
+        taken = None if overwrite or not table.exists() else self._applied(table)
+        if taken is not None:
+            rows = rows.where(F.col(ev.VERSION) > taken)
         writer = (
             rows.write.format("delta")
             .mode("overwrite" if overwrite else "append")
@@ -232,9 +249,27 @@ class AutoCdcConsumer(Consumer):
         )
         table.save(writer)
 
+    def _applied(self, table: TableHandle) -> int | None:
+        """The last source version this job's writes committed to ``table``."""
+        return DeltaLogProbe(self.context.spark).last_transaction(
+            table.location(), self.context.txn_app_id
+        )
+
     def _evolve(self, target: TableHandle, events: DataFrame, columns: list[str]) -> None:
-        """The target (and the event store) follow the source's columns."""
+        """The target (and the event store) follow the source's columns, and the
+        sequence's type where Delta widened it: the target's ``__SEQUENCE`` or
+        ``__START_AT`` / ``__END_AT``, the tombstones', the event store's."""
         spark = self.context.spark
+        seq_type = events.schema[ev.SEQ].dataType
+        sequenced = (
+            [(target, [SEQUENCE]), (self.beside(TOMBSTONES), [SEQUENCE])]
+            if self.options.scd_type == 1
+            else [(target, [START_AT, END_AT]), (self.beside(EVENTS), [SEQUENCE])]
+        )
+        for table, names in sequenced:
+            if table.exists():
+                now = table.load(table.reader()).schema
+                schema.widen_sequence(spark, sql_ref(table), now, names, seq_type)
         wanted = StructType([events.schema[c] for c in (*self.options.keys, *columns)])
         have = target.load(target.reader()).schema
         mirrored = [COLUMN_SEQUENCES] if self.options.ignore_null_updates else []

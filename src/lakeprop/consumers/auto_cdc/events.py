@@ -19,6 +19,7 @@ columns (NULL for deletes and truncates). Before anything is written:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -27,10 +28,13 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
+from lakeprop.changes.latest import LEAVES
 from lakeprop.consumers.auto_cdc.options import NAME, CdcOptions
 from lakeprop.errors import ErrorCode, PermanentError
 
 SEQ, OP = "__seq", "__op"
+VERSION = "__source_version"
+"""A quarantined row's source version (its commit's, or the snapshot's)."""
 UPSERT, DELETE, TRUNCATE = "upsert", "delete", "truncate"
 EXAMPLES = 10
 
@@ -86,29 +90,46 @@ def raw_events(rows: DataFrame, options: CdcOptions, columns: list[str]) -> Data
     )
 
 
+def without_change_commits(changes: DataFrame) -> DataFrame:
+    """An event table's change set without the commits that updated or deleted event
+    rows (retention deletes, corrections): ``skip_change_commits``."""
+    changed = changes.where(F.col("_change_type") != "insert").select("_commit_version")
+    return changes.join(changed.distinct(), "_commit_version", "left_anti")
+
+
 def table_changes(changes: DataFrame, options: CdcOptions, columns: list[str]) -> DataFrame:
     """The events of a table source's change feed: per key and commit, the change the
-    commit leaves (an insert after a delete in one commit is the row it wrote)."""
-    rank = F.when(F.col("_change_type") == "delete", 0).otherwise(1)
+    commit leaves (an insert after a delete in one commit is the row it wrote), as
+    :func:`~lakeprop.changes.latest_change_per_key` ranks them. A key whose only
+    change in a commit is an update's pre-image left the table (the update changed
+    a key column): a delete, as AUTO CDC FROM SNAPSHOT would see it."""
+    kind = F.col("_change_type")
+    rank = F.when(kind.isin(*LEAVES), 1).otherwise(0)
     last = Window.partitionBy(*options.keys, "_commit_version").orderBy(F.desc("_rank"))
-    seq = F.col(options.sequence_by[0])
+    seq = sequence_column(options)
     kept = (
-        changes.where(F.col("_change_type") != "update_preimage")
-        .withColumn("_rank", rank)
+        changes.withColumn("_rank", rank)
         .withColumn("_n", F.row_number().over(last))
         .where(F.col("_n") == 1)
     )
-    op = F.when(F.col("_change_type") == "delete", DELETE).otherwise(UPSERT)
+    op = F.when(kind.isin(*LEAVES), UPSERT).otherwise(DELETE)
     values = [F.when(op == UPSERT, F.col(c)).alias(c) for c in columns]
     return kept.select(*options.keys, seq.alias(SEQ), op.alias(OP), *values)
 
 
 def table_snapshot(
-    rows: DataFrame, options: CdcOptions, columns: list[str], version: int
+    rows: DataFrame, options: CdcOptions, columns: list[str], commit: Mapping[str, Any]
 ) -> DataFrame:
-    """A table source's rows as upserts at the snapshot's version (or its timestamp)."""
-    seq = F.lit(version).cast("long")
-    return rows.select(*options.keys, seq.alias(SEQ), F.lit(UPSERT).alias(OP), *columns)
+    """A table source's rows as upserts at the snapshot's commit: ``commit`` gives the
+    value of each change feed column the sequence is made of (``_commit_version``,
+    ``_commit_timestamp``), typed as the tails' change feed types them, so the
+    snapshot's sequence and the tails' are one type, made by :func:`sequence_column`."""
+    types = {"_commit_version": "long", "_commit_timestamp": "timestamp"}
+    stamped = rows.select(
+        "*", *[F.lit(commit[c]).cast(types[c]).alias(c) for c in options.sequence_by]
+    )
+    seq = sequence_column(options)
+    return stamped.select(*options.keys, seq.alias(SEQ), F.lit(UPSERT).alias(OP), *columns)
 
 
 def reject_updates_of_events(changes: DataFrame, source: str, changed: int) -> None:
@@ -170,9 +191,11 @@ def prepare(
             F.sum((inserted & F.col("__reason").isNotNull()).cast("int")).alias("bad"),
         )
         .where(inserted)
-        .drop("_change_type", "_commit_version")
+        .drop("_change_type")
     )
-    good = checked.where(F.col("__reason").isNull()).drop("__reason")
+    if "_commit_version" in checked.columns:  # a quarantined row keeps the version it came in
+        checked = checked.withColumnRenamed("_commit_version", VERSION)
+    good = checked.where(F.col("__reason").isNull()).drop("__reason", VERSION)
     columns = [c for c in good.columns if c not in (*options.keys, SEQ, OP)]
     content = F.struct(F.col(OP), *[F.col(c) for c in columns])
     slot = [F.when(F.col(OP) != TRUNCATE, F.col(k)).alias(k) for k in options.keys]

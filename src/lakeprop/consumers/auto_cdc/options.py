@@ -46,6 +46,7 @@ ALLOWED = {
     "ignore_null_updates",
     "tombstone_retention",
     "quarantine",
+    "skip_change_commits",
     *TARGET_OPTIONS,
 }
 
@@ -69,6 +70,9 @@ class CdcOptions:
     ignore_null_updates: bool = False
     tombstone_retention: float = DEFAULT_TOMBSTONE_RETENTION
     quarantine: bool = False
+    skip_change_commits: bool = False
+    """Event source: commits that update or delete event rows (retention deletes) are
+    skipped whole, as Databricks' ``skipChangeCommits`` does, instead of an error."""
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> CdcOptions:
@@ -94,6 +98,7 @@ class CdcOptions:
             ignore_null_updates=bool(options.get("ignore_null_updates", False)),
             tombstone_retention=float(options["tombstone_retention"]),
             quarantine=bool(options.get("quarantine", False)),
+            skip_change_commits=bool(options.get("skip_change_commits", False)),
         )
 
     @property
@@ -157,12 +162,12 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     out["stored_as_scd_type"] = _scd_type(options.get("stored_as_scd_type", 1))
     out["apply_as_deletes"] = _expression(options, "apply_as_deletes")
     out["apply_as_truncates"] = _expression(options, "apply_as_truncates")
-    _combinations(out)
-    for flag in ("ignore_null_updates", "quarantine"):
+    for flag in ("ignore_null_updates", "quarantine", "skip_change_commits"):
         value = options.get(flag, False)
         if not isinstance(value, bool):
             raise InvalidConsumerOptionsError(f"{NAME} option {flag} must be true or false")
         out[flag] = value
+    _combinations(out)
     try:
         out["tombstone_retention"] = parse_duration(
             options.get("tombstone_retention", DEFAULT_TOMBSTONE_RETENTION),
@@ -181,7 +186,11 @@ def _names(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
         raw = [raw]
     if kind == TABLE:
         sequence = list(raw or [COMMIT_VERSION])
-        if sequence not in ([COMMIT_VERSION], [COMMIT_TIMESTAMP]):
+        if sequence == [COMMIT_TIMESTAMP]:
+            # equal commit timestamps (two commits in one millisecond) are told apart by
+            # the commit version: one sequence type in the snapshot and in the tails
+            sequence = [COMMIT_TIMESTAMP, COMMIT_VERSION]
+        if sequence not in ([COMMIT_VERSION], [COMMIT_TIMESTAMP, COMMIT_VERSION]):
             raise InvalidConsumerOptionsError(
                 f"{NAME} option sequence_by of a table source is {COMMIT_VERSION!r} (the "
                 f"default) or {COMMIT_TIMESTAMP!r}, got {raw!r}"
@@ -220,14 +229,26 @@ def _scd_type(value: Any) -> int:
     return int(value)
 
 
-def _combinations(out: Mapping[str, Any]) -> None:
-    """Option combinations that make no sense."""
-    scd, table = out["stored_as_scd_type"], out["source_kind"] == TABLE
-    if table and (out["apply_as_deletes"] or out["apply_as_truncates"]):
+def _source_rules(out: Mapping[str, Any]) -> None:
+    """What a table source's change feed decides for itself."""
+    if out["source_kind"] != TABLE:
+        return
+    if out["skip_change_commits"]:
+        raise InvalidConsumerOptionsError(
+            f"{NAME} option skip_change_commits is for event sources: a table source's "
+            "updates and deletes are its changes"
+        )
+    if out["apply_as_deletes"] or out["apply_as_truncates"]:
         raise InvalidConsumerOptionsError(
             f"{NAME}: a table source's deletes come from its change feed; apply_as_deletes and "
             "apply_as_truncates are for event sources"
         )
+
+
+def _combinations(out: Mapping[str, Any]) -> None:
+    """Option combinations that make no sense."""
+    _source_rules(out)
+    scd = out["stored_as_scd_type"]
     if out["apply_as_truncates"] is not None and scd == 2:
         raise InvalidConsumerOptionsError(
             f"{NAME} option apply_as_truncates is for SCD type 1 only: a truncate has no place "

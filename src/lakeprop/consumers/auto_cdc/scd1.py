@@ -208,15 +208,18 @@ class Scd1:
             )
         return values
 
+    def _conflict(self) -> dict[str, Column]:
+        """A MERGE assignment that fails the MERGE naming the key (a conflict)."""
+        first = self.columns[0] if self.columns else SEQUENCE
+        key = F.to_json(F.struct(*[F.col(f"s.{k}").alias(k) for k in self.keys]))
+        return {first: F.raise_error(F.concat(F.lit(f"{CONFLICT}: "), key))}
+
     def _whole_clauses(self, merge: Any) -> Any:
         newer = F.col("s.__R") > F.col(f"t.{SEQUENCE}")
         same = F.col("s.__R") == F.col(f"t.{SEQUENCE}")
         differs = ~F.struct(*[F.col(f"t.{c}") for c in self.columns]).eqNullSafe(F.col("s.__row"))
-        first = self.columns[0] if self.columns else SEQUENCE
-        key = F.to_json(F.struct(*[F.col(f"s.{k}").alias(k) for k in self.keys]))
-        conflict = F.raise_error(F.concat(F.lit(f"{CONFLICT}: "), key))
         return (
-            merge.whenMatchedUpdate(condition=same & differs, set={first: conflict})
+            merge.whenMatchedUpdate(condition=same & differs, set=self._conflict())
             .whenMatchedUpdate(
                 condition=newer,
                 set={
@@ -248,9 +251,26 @@ class Scd1:
             changed = changed | ~value.eqNullSafe(F.col(f"t.{c}")) | ~sequence.eqNullSafe(held)
         values[SEQUENCE] = new_seq
         values[COLUMN_SEQUENCES] = F.struct(*sequences)
-        return merge.whenMatchedDelete(condition=new_seq.isNull()).whenMatchedUpdate(
-            condition=changed, set=values
+        return (
+            merge.whenMatchedUpdate(condition=self._partial_conflict(), set=self._conflict())
+            .whenMatchedDelete(condition=new_seq.isNull())
+            .whenMatchedUpdate(condition=changed, set=values)
         )
+
+    def _partial_conflict(self) -> Column:
+        """With ``ignore_null_updates``: the range's latest upsert has the sequence of the
+        row's, but brings other content. At that sequence each column's value came
+        from the event or did not (NULL): the two events differ when one brought a
+        column the other did not, or both did with other values."""
+        top = F.col(f"t.{SEQUENCE}")
+        same = F.col("s.__R") == top
+        differs = F.lit(False)
+        for i, c in enumerate(self.columns):
+            theirs = F.coalesce(F.col(f"t.{COLUMN_SEQUENCES}")[c] == top, F.lit(False))
+            ours = F.coalesce(F.col(f"s.__s{i}") == top, F.lit(False))
+            other = ~F.col(f"s.__v{i}").eqNullSafe(F.col(f"t.{c}"))
+            differs = differs | (theirs != ours) | (theirs & ours & other)
+        return same & differs
 
     def _truncate_columns(self, merge: Any, truncate: Any) -> Any:
         """A truncate also empties the columns of surviving rows whose values came

@@ -20,40 +20,19 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import (
-    ByteType,
     DataType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
     StructField,
     StructType,
 )
 
+from lakeprop.changes.widening import widens
 from lakeprop.consumers.auto_cdc.options import NAME
 from lakeprop.errors import ErrorCode, PermanentError
 from lakeprop.identifiers import quote
 
-_INTEGERS = (ByteType, ShortType, IntegerType, LongType)
-
 
 class SchemaChangeError(PermanentError):
     default_code = ErrorCode.CONSUMER_FAILED
-
-
-def widens(old: DataType, new: DataType) -> bool:
-    """Whether Delta's type widening turns ``old`` into ``new`` in place."""
-    if isinstance(old, _INTEGERS) and isinstance(new, _INTEGERS):
-        return _INTEGERS.index(type(new)) > _INTEGERS.index(type(old))
-    if isinstance(old, FloatType) and isinstance(new, DoubleType):
-        return True
-    if isinstance(old, (ByteType, ShortType, IntegerType)) and isinstance(new, DoubleType):
-        return True
-    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
-        return new.precision - new.scale >= old.precision - old.scale and new.scale >= old.scale
-    return False
 
 
 def evolve(
@@ -104,6 +83,35 @@ def evolve(
                 f"{field.dataType.simpleString()}"
             )
     if widened:
+        statements.insert(
+            0, f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+        )
+    for statement in statements:
+        spark.sql(statement)
+    return statements
+
+
+def widen_sequence(
+    spark: SparkSession, table: str, have: StructType, columns: Sequence[str], wanted: DataType
+) -> list[str]:
+    """Widen the sequence ``columns`` of ``table`` (of schema ``have``) to the events'
+    sequence type ``wanted`` (Delta's type widening: the sequence column of an event
+    source widened from int to bigint, say); the statements run. Another type change
+    is a SchemaChangeError."""
+    statements = []
+    for name in columns:
+        old = next((f.dataType for f in have.fields if f.name == name), None)
+        if old is None or old == wanted:
+            continue
+        if not widens(old, wanted):
+            raise SchemaChangeError(
+                f"{NAME}: the sequence changed type from {old.simpleString()} to "
+                f"{wanted.simpleString()}, which {table} cannot take in place; resync the job"
+            )
+        statements.append(
+            f"ALTER TABLE {table} ALTER COLUMN {quote(name)} TYPE {wanted.simpleString()}"
+        )
+    if statements:
         statements.insert(
             0, f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
         )
