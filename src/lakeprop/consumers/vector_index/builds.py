@@ -150,15 +150,17 @@ def start(writer: IndexWriter, number: int, dimension: int, because: str) -> Non
     BUILDS.start(context.txn_app_id, Build(number, read_at, because), work)
 
 
-def fence(writer: IndexWriter, number: int) -> int:
+def fence(writer: IndexWriter, number: int, app_id: str | None = None) -> int:
     """Make every build of index version ``number`` still under way anywhere skip
     its writes, and return the transaction version the caller writes it at next.
 
     A build left running by an instance that lost the job, or by an earlier owner,
     read the postings before now; committing the builds' app id at the postings'
     current version to the postings and the centroids makes Delta skip such a
-    build's later writes, and fail one in flight with a conflict."""
-    app_id = build_app_id(writer, number)
+    build's later writes, and fail one in flight with a conflict. ``app_id`` names
+    the builds of another configuration of the job (a snapshot fences those of the
+    configuration it replaces)."""
+    app_id = app_id or build_app_id(writer, number)
     spark = writer.context.spark
     postings = writer.tables.postings
     at = DeltaLogProbe(spark).latest_version(postings.location())
@@ -178,17 +180,28 @@ def reconcile(
 
     The diff does not assume which build's rows the version holds: another
     instance's build of the same version (the job moved away and back) may have
-    replaced them after this one wrote."""
+    replaced them after this one wrote, or replaced the version's centroids before
+    this one's postings landed. So it compares the lists too: a posting whose list
+    is not the nearest of the version's centroids as they are now moves to it."""
     opts, tables = writer.options, writer.tables
     after = fence(writer, build.number)
     built_rows, now = tables.live_postings(build.number), tables.live_postings(live_number)
+    centroids = tables.centroids(build.number)
+    placed = tables.postings_with_lists(build.number)
+    misplaced = (
+        writer.assigned(placed.drop("list_id"), centroids, dimension)
+        .withColumnRenamed("list_id", "__nearest")
+        .join(placed.select(*opts.key, "list_id"), list(opts.key))
+        .where(F.col("__nearest") != F.col("list_id"))
+        .select(*opts.key)
+    )
     moved = (
         now.exceptAll(built_rows)
         .select(*opts.key)
         .unionByName(built_rows.exceptAll(now).select(*opts.key))
+        .unionByName(misplaced)
         .distinct()
     )
-    centroids = tables.centroids(build.number)
     rows = moved.join(now, list(opts.key), "left")
     source = writer.assigned(rows, centroids, dimension).localCheckpoint()
     changed = int(source.count())

@@ -124,6 +124,11 @@ class VectorIndexConsumer(Consumer):
             self.context.txn_app_id,
         ):
             return live.trained_rows  # built and switched to before a crash
+        if live is not None and live.built_by and live.built_by != self.context.txn_app_id:
+            # a build of the configuration this snapshot replaces may still run on an
+            # instance that served the job before: it would write the next version
+            number = live.index_version + 1
+            builds.fence(self, number, f"{live.built_by}-v{number}")
         rows = rows.select(*opts.columns)
         dimension = opts.dimension or self._common_dimension(rows)
         good = self._checked(rows, dimension, version, version)

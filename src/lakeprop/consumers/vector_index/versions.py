@@ -156,6 +156,15 @@ class IndexTables:
             .select(*self.options.columns)
         )
 
+    def postings_with_lists(self, number: int) -> DataFrame:
+        """Index version ``number``'s postings with their ``list_id``."""
+        postings = self.postings
+        return (
+            postings.load(postings.reader())
+            .where(F.col("index_version") == number)
+            .select(*self.options.columns, "list_id")
+        )
+
     def done(self, table: TableHandle, txn: Mapping[str, str]) -> bool:
         """Whether the write of ``txn`` (app id, version) already committed to ``table``."""
         if not table.exists():
