@@ -213,13 +213,15 @@ def test_dropped_and_replaced_sources_fail_their_jobs_and_others_carry_on(
         for t in ("swapped", "small", "same"):
             replaced = wait_for_error(spark, app_config, keys[t], ErrorCode.SOURCE_REPLACED)
             assert "replaced by a new table" in replaced and "re-register" in replaced
-        # re-registering follows the new table from scratch
+        # re-registering follows the new table from scratch, and so does a resync
         client.unregister_job(keys["swapped"])
         register(client, keys["swapped"], {"type": "replica", "options": {"primary_key": ["id"]}})
+        client.resync_job(keys["same"])
         wait_for_watermark(spark, app_config, keys["swapped"], 4)
+        wait_for_watermark(spark, app_config, keys["same"], 2)
 
     warehouse = app_config.tables.warehouse
-    for t in ("ok", "swapped"):
+    for t in ("ok", "swapped", "same"):
         assert_df_equality(
             spark.read.format("delta").load(f"{warehouse}/s/{t}_copy"),
             spark.read.format("delta").load(paths[t]),

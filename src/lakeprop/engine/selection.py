@@ -245,7 +245,8 @@ class TriggerSelection:
                 message = (
                     f"source {table} was replaced by a new table (id {current}; the job was "
                     f"registered on id {rows[view.ref].table_id}), so its changes cannot follow "
-                    "the job's watermark; re-register the job to sync from the new table"
+                    "the job's watermark; resync the job (or re-register it) to sync from the "
+                    "new table"
                 )
                 self._fail([view], rows, selected, ErrorCode.SOURCE_REPLACED, message)
         return keep

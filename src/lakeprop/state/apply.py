@@ -217,16 +217,21 @@ def _resync(
     spec = live.spec().to_json()
     consumer = spec["iteration"]["consumer"]
     consumer["generation"] = consumer.get("generation", 0) + 1  # a new consumer: no progress
+    # the source as it is now: a table re-created at the same path is followed from here
+    table_id = prior.table_id if prior and prior.table_id else ctx.check(cmd.key, live.spec())
     resynced = replace(
         live,
         job_spec=JobSpec.from_json(spec).canonical(),
+        table_id=table_id,
         watermark=None,
         watermark_ts=None,
         job_state=state,
     )
     ctx.put_touched(resynced, cmd)
     ctx.result.cancel.add(live.row_id)
-    ctx.verdict(cmd, Outcome.APPLIED, "resync from a snapshot", job_id=live.job_id)
+    ctx.verdict(
+        cmd, Outcome.APPLIED, "resync from a snapshot", job_id=live.job_id, table_id=table_id
+    )
 
 
 _Handler = Callable[[_Applying, Command, "CatalogRow | None", "RecordedVerdict | None"], None]
