@@ -1,0 +1,71 @@
+"""Run the operation fuzzer outside pytest: ``scripts/fuzz.sh --help``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from devkit.fuzzing.runner import Fuzzer, shrink  # noqa: E402
+from devkit.spark import local_session  # noqa: E402
+from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--first", type=int, default=1, help="the first seed")
+    parser.add_argument("--seeds", type=int, default=10, help="how many seeds, from --first")
+    parser.add_argument("--operations", type=int, default=12, help="operations per sequence")
+    parser.add_argument(
+        "--minutes", type=float, default=0.0, help="stop starting new seeds after this long"
+    )
+    parser.add_argument(
+        "--shrink-minutes", type=float, default=20.0, help="time to shrink a failing sequence"
+    )
+    parser.add_argument("--workdir", help="where the tables go (default: a temp dir)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every sequence")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="lakeprop-fuzz-"))
+    spark = local_session("lakeprop-fuzz")
+    broker = LocalKafka(workdir / "kafka").start()
+    started = time.monotonic()
+    clean, failed = [], []
+    try:
+        fuzzer = Fuzzer(spark, workdir, broker.bootstrap_servers)
+        for seed in range(args.first, args.first + args.seeds):
+            if args.minutes and time.monotonic() - started > args.minutes * 60:
+                break
+            case = fuzzer.generate(seed, args.operations)
+            began = time.monotonic()
+            problem = fuzzer.check(case)
+            took = time.monotonic() - began
+            if problem is None:
+                clean.append(seed)
+                print(f"seed {seed}: clean ({len(case.steps)} operations, {took:.0f}s)", flush=True)
+                if args.verbose:
+                    print(case.describe(), flush=True)
+                continue
+            print(f"seed {seed}: FAILED ({took:.0f}s): {problem}", flush=True)
+            small = shrink(case, lambda c: fuzzer.check(c) is not None, args.shrink_minutes * 60)
+            print(small.describe(), f"\n  fails: {fuzzer.check(small) or problem}", flush=True)
+            failed.append(seed)
+    finally:
+        broker.stop()
+        spark.stop()
+    print(
+        f"{len(clean)} sequence(s) clean, {len(failed)} failed {failed}; seeds "
+        f"{args.first}..{args.first + len(clean) + len(failed) - 1}, "
+        f"{time.monotonic() - started:.0f}s"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

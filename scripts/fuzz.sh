@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The operation fuzzer: random sequences of real Delta operations on a source table
+# (inserts, updates that keep or change the key, deletes, MERGE, overwrites,
+# replaceWhere, truncates, RESTORE, OPTIMIZE, added columns, re-created tables) with
+# random properties (deletion vectors, column mapping, partitioning), every consumer
+# on both paths, every target compared whole with its model.
+#
+#   scripts/fuzz.sh --seeds 20                  # seeds 1..20, 12 operations each
+#   scripts/fuzz.sh --first 500 --seeds 100 --operations 20 --minutes 60
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+exec "${LAKEPROP_VENV:-$ROOT/.venv}/bin/python" scripts/fuzz.py "$@"
