@@ -327,14 +327,17 @@ gc_retention = "4s"
         return path
 
     def create_sources(self) -> None:
-        for table in TABLES:
-            (
+        """The sources; the first keeps its deletes and updates in deletion vectors."""
+        for i, table in enumerate(TABLES):
+            builder = (
                 DeltaTable.create(self.spark)
                 .location(str(self.warehouse / "chaos" / table))
                 .addColumns(self.spark.createDataFrame([], SCHEMA).schema)
                 .property("delta.enableChangeDataFeed", "true")
-                .execute()
             )
+            if i == 0:
+                builder = builder.property("delta.enableDeletionVectors", "true")
+            builder.execute()
             self.commit(table, "insert")
 
     # -- the service ----------------------------------------------------------------------
@@ -401,7 +404,9 @@ gc_retention = "4s"
         path = str(self.warehouse / "chaos" / table)
         live = self.live_rows[table]
         rng = self.rng
-        op = op or (rng.choice(["insert", "update", "update", "delete"]) if live else "insert")
+        op = op or (
+            rng.choice(["insert", "update", "update", "update_key", "delete"]) if live else "insert"
+        )
         if op == "insert":
             ids = list(range(self.next_id, self.next_id + rng.randint(1, 5)))
             self.next_id += len(ids)
@@ -430,6 +435,17 @@ gc_retention = "4s"
                     ),
                 },
             )
+        elif op == "update_key":  # an update that changes the key: the old key must go
+            ids = rng.sample(sorted(live), k=min(len(live), rng.randint(1, 2)))
+            moved = {old: self.next_id + n for n, old in enumerate(ids)}
+            self.next_id += len(ids)
+            cases = " ".join(f"WHEN {old} THEN {new}" for old, new in moved.items())
+            self.spark.sql(
+                f"UPDATE delta.`{path}` SET id = CASE id {cases} END "
+                f"WHERE id IN ({', '.join(map(str, ids))})"
+            )
+            live.difference_update(ids)
+            live.update(moved.values())
         else:
             ids = rng.sample(sorted(live), k=min(len(live), rng.randint(1, 2)))
             DeltaTable.forPath(self.spark, path).delete(F.col("id").isin(ids))
