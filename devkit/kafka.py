@@ -12,12 +12,14 @@ def produce_raw(
     bootstrap_servers: str,
     topic: str,
     messages: list[tuple[bytes | None, bytes | None]],
+    partition: int = 0,
     **config: Any,
 ) -> list[tuple[int, int]]:
     """Produce raw (key, value) messages in order, bypassing the client's validation.
 
-    Returns (partition, offset) of each. One partition is forced so the offsets say
-    which message is which. ``config`` adds producer properties (dots as in Kafka).
+    Returns (partition, offset) of each. One partition (``partition``) is forced so
+    the offsets say which message is which. ``config`` adds producer properties
+    (dots as in Kafka).
     """
     from confluent_kafka import Producer
 
@@ -34,7 +36,7 @@ def produce_raw(
         return on_delivery
 
     for i, (key, value) in enumerate(messages):
-        producer.produce(topic, key=key, value=value, partition=0, on_delivery=recorder(i))
+        producer.produce(topic, key=key, value=value, partition=partition, on_delivery=recorder(i))
     assert producer.flush(30) == 0
     return coordinates
 

@@ -2,10 +2,14 @@
 
 Each instance is its own ``spark-submit.sh`` process (local master, one core),
 on the test's broker and one shared state. The test kills one (SIGKILL),
-pauses another past its session timeout (SIGSTOP, then SIGCONT), restarts the
-killed one, and commits to every source between the steps. At the end every
-replica equals its source, no job's history holds a version range twice, and
-what the paused instance did after it woke up was fenced off.
+pauses another past its session timeout (SIGSTOP, then SIGCONT), resyncs a job
+while it is paused, restarts the killed one, and commits to every source
+between the steps. Every table has a replica; three also have a secondary, a
+full-text index, an aggregate view and an ``auto_cdc`` table. At the end every
+target equals what its source says, no job's history holds a version range
+twice, and what the paused instance did after it woke up was fenced off. (The
+chaos harness's cluster mode, ``scripts/chaos.sh --instances 3``, kills and
+pauses at random for as long as asked.)
 """
 
 from __future__ import annotations
@@ -15,31 +19,58 @@ import itertools
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from deltalake import write_deltalake
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from devkit.harness import cdf_source, cli_settings, history, latest_version, watches
+from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from devkit.fuzzing import models
+from devkit.harness import (
+    cdf_source,
+    cli_settings,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+    watches,
+)
 from devkit.instances import Instance, settled, stopped_at_exit
+from devkit.kafka import produce_raw
 from devkit.waiting import assert_eventually
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.membership.members import Member
 from lakeprop.membership.slots import slot_of
+from lakeprop.membership.topics import ensure_topics
 from lakeprop.spec import JobKey
+from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
 
 TABLES = 30
 SLOTS = 12
 SESSION = 6.0
+COLUMNS = ["id", "name", "amount"]
+MORE = {
+    "idx": {"type": "secondary_index", "options": {"columns": ["name"], "primary_key": ["id"]}},
+    "text": {"type": "fulltext_index", "options": {"columns": ["name"], "primary_key": ["id"]}},
+    "agg": {
+        "type": "aggregate_view",
+        "options": {"group_by": [], "aggregates": aggregates_of("amount")},
+    },
+    "cdc": {"type": "auto_cdc", "options": {"keys": ["id"], "source_kind": "table"}},
+}
+"""Jobs of the other consumer types on the first tables."""
+SHARED = 3
 
 
 def cluster_of(config: AppConfig) -> ClusterConfig:
@@ -72,7 +103,13 @@ class Fleet:
         self.paths = {name: cdf_source(spark, config, "fleet", name) for name in self.names}
         self.tables = [("fleet", name) for name in self.names]
         self._rows = iter(range(0, 10_000, 2))
-        client = LakepropClient(config.kafka, config.state, spark)
+        client = self.client = LakepropClient(config.kafka, config.state, spark)
+        for name in self.names[:SHARED]:
+            for job, consumer in MORE.items():
+                client.register_job(
+                    JobKey(1, "fleet", name, job),
+                    {"trigger": {"kind": "greedy"}, "iteration": {"consumer": consumer}},
+                )
         for name in self.names:
             client.register_job(
                 JobKey(1, "fleet", name, "copy"),
@@ -123,15 +160,45 @@ class Fleet:
         """The group once exactly ``expected`` hold all the slots between them."""
         return settled(self.config.kafka, cluster_of(self.config), self.tables, expected)
 
-    def assert_replicas_equal_their_sources(self) -> None:
+    def target(self, name: str, job: str) -> Callable[[str], DataFrame]:
+        path = f"{self.config.tables.warehouse}/fleet/{name}_{job}"
+        return lambda suffix: self.spark.read.format("delta").load(path + suffix)
+
+    def assert_targets_equal_their_sources(self) -> None:
         for name in self.names:
             assert_df_equality(
-                self.spark.read.format("delta").load(
-                    f"{self.config.tables.warehouse}/fleet/{name}_copy"
-                ),
+                self.target(name, "copy")(""),
                 self.spark.read.format("delta").load(self.paths[name]),
                 ignore_row_order=True,
             )
+        for name in self.names[:SHARED]:
+            source = self.spark.read.format("delta").load(self.paths[name])
+            for job, compared in COMPARED.items():
+                expected, actual = compared(source, self.target(name, job))
+                assert models.Check(f"{name}/{job}", 0, expected, actual).differences() is None
+
+
+def rows_of(frame: DataFrame, columns: list[str]) -> models.Rows:
+    return models.rows_of(frame, columns)
+
+
+def aggregated_rows(source: DataFrame, target: Callable[[str], DataFrame]) -> tuple[Any, Any]:
+    return (
+        rows_of(aggregated(source, [], "amount"), AGGREGATE_COLUMNS),
+        rows_of(target(""), AGGREGATE_COLUMNS),
+    )
+
+
+COMPARED: dict[str, Callable[[DataFrame, models.Target], tuple[Any, Any]]] = {
+    "idx": lambda source, target: (
+        rows_of(source, ["name", "id"]),
+        rows_of(target(""), ["name", "id"]),
+    ),
+    "text": lambda source, target: models.fulltext_index(source, target),
+    "agg": aggregated_rows,
+    "cdc": lambda source, target: models.auto_cdc_scd1(source, target, COLUMNS),
+}
+"""(expected, actual) rows of each job of :data:`MORE`."""
 
 
 @pytest.mark.timeout(900)
@@ -155,10 +222,12 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
         fleet.members({"i1", "i2"})
         fleet.reached(versions)
 
-        # SIGSTOP another past its session timeout: the third serves everything
+        # SIGSTOP another past its session timeout: the third serves everything,
+        # and resyncs a job the paused one may have served
         running["i1"].signal(signal.SIGSTOP)
         stopped_at = time.time()
         fleet.members({"i2"})
+        fleet.client.resync_job(JobKey(1, "fleet", fleet.names[0], "cdc"))
         versions = fleet.commit_everywhere()
         fleet.reached(versions)
         history_at_resume = history_version(spark, app_config)
@@ -171,7 +240,7 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
         fleet.reached(versions)
         assert_metrics_show_the_share(running)
 
-    fleet.assert_replicas_equal_their_sources()
+    fleet.assert_targets_equal_their_sources()
     runs = (
         history(spark, app_config)
         .where("outcome = 'success'")
@@ -270,3 +339,54 @@ def assert_nothing_stale_landed(
 
 def history_version(spark: SparkSession, config: AppConfig) -> int:
     return latest_version(spark, config.state.table_path("iterations"))
+
+
+@pytest.mark.timeout(600)
+def test_a_new_membership_topic_for_new_slots_keeps_every_catalog_write(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """The documented slot-count change: stop, a new ``cluster.topic`` and
+    ``cluster.slots``, start. Offsets start again in the new topic; the catalog's
+    era puts the new owners' stamps above the old ones, so their writes land (they
+    were skipped, silently, when a stamp was the offset alone)."""
+    old = replace(app_config, cluster=replace(cluster_of(app_config), slots=4))
+    new = replace(
+        app_config,
+        cluster=replace(cluster_of(app_config), topic=f"{app_config.kafka.topic}.m2", slots=6),
+    )
+    # earlier claims and releases: the old topic's offsets are well above the new one's
+    ensure_topics(old.kafka, old.cluster)
+    busy = [(None, b"{}") for _ in range(30)]
+    for slot in range(4):
+        produce_raw(
+            old.kafka.bootstrap_servers,
+            old.cluster.members_topic(old.kafka.topic),
+            busy,
+            partition=slot,
+        )
+    path = cdf_source(spark, app_config, "m", "t")
+    add_rows(spark, path, range(1, 4))
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    key = JobKey(1, "m", "t", "copy")
+    client.register_job(
+        key, {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
+    )
+    with running(spark, old):
+        wait_for_watermark(spark, old, key, latest_version(spark, path))
+    stamped = client.get_job_status(key)
+    assert stamped is not None and stamped.owner is not None
+    assert int(stamped.owner.split("@")[1]) >= 30
+
+    with running(spark, new):
+        add_rows(spark, path, range(4, 6))
+        wait_for_watermark(spark, new, key, latest_version(spark, path))
+        client.pause_job(key)
+
+        def paused_in_the_table() -> None:
+            job = client.get_job_status(key)
+            assert job is not None and job.state == "paused", job
+
+        assert_eventually(paused_in_the_table, timeout=120, changes=watches(spark, new, "catalog"))
+    job = client.get_job_status(key)
+    assert job is not None and job.owner is not None
+    assert int(job.owner.split("@")[1]) > int(stamped.owner.split("@")[1])

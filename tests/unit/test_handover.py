@@ -59,6 +59,7 @@ class Owner(SoleOwner):
         self.changes = SlotChanges()
         self.adopted: list[set[int]] = []
         self.released: list[set[int]] = []
+        self.clean: list[bool] = []
 
     def slot(self, database: str, table: str) -> int:
         return int(table[-1])
@@ -86,8 +87,9 @@ class Owner(SoleOwner):
         self.adopted.append(set(slots))
         self.served_slots |= set(slots)
 
-    def drained(self, slots: Iterable[int]) -> None:
+    def drained(self, slots: Iterable[int], clean: bool = True) -> None:
         self.released.append(set(slots))
+        self.clean.append(clean)
         self.served_slots -= set(slots)
 
 
@@ -207,7 +209,15 @@ def test_a_revoked_slot_is_drained_recorded_flushed_and_released() -> None:
     assert cancelled == {row("t1", 1).row_id} and "moves to another instance" in reason
     assert s.events == ["recorded"]
     assert s.catalog.flushes == 1
-    assert s.owner.released == [{1}]
+    assert s.owner.released == [{1}] and s.owner.clean == [True]
+
+
+def test_a_drain_whose_iterations_did_not_end_is_handed_over_as_unclean() -> None:
+    s = setup({1, 2}, [row("t1", 1)], [])
+    s.scheduler.ends = False
+    s.owner.changes = SlotChanges(revoking=frozenset({1}))
+    s.handover.run()
+    assert s.owner.released == [{1}] and s.owner.clean == [False]
 
 
 def test_a_lost_slot_has_its_iterations_cancelled_and_nothing_recorded() -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.config import ClusterConfig, KafkaConfig
@@ -17,7 +18,7 @@ from lakeprop.engine.ownership import FENCE_VERSION, SlotOwner, SoleOwner
 from lakeprop.engine.takeover import take_over
 from lakeprop.errors import InvalidConfigError
 from lakeprop.membership.assignment import movement, owners, sticky
-from lakeprop.membership.group import Seat
+from lakeprop.membership.group import Seat, boot_clock
 from lakeprop.membership.slots import owned_tables, slot_of, tables_by_slot
 from lakeprop.membership.topics import Claim, _unreleased
 from lakeprop.spec import JobKey, JobSpec
@@ -236,3 +237,45 @@ def test_a_new_owner_fences_the_writers_not_released_before_its_claim() -> None:
     assert _unreleased([[claim("a"), claim("b"), release("b", False)]]) == ["a"]
     assert _unreleased([[claim("a"), release("a", True), claim("b"), claim("c")]]) == ["b", "c"]
     assert _unreleased([[claim("x")], [claim("y"), release("y", True)]]) == ["x"]
+
+
+def test_a_drain_that_gives_up_is_released_as_unclean_so_the_next_owner_fences() -> None:
+    clock = Clock()
+    seat = _seat(clock)
+    owner = SlotOwner(seat, drain_timeout=0.05)
+    owner.adopt(owner.pending().gained)
+    assert owner._revoke(frozenset({3})) == {3}  # nobody drained it in time
+    owner.adopt({5})
+    owner._revoking.add(5)
+    owner.drained({5}, clean=False)  # drained, but an iteration did not end
+    assert owner._revoke(frozenset({5})) == {5}
+
+    written: list[tuple[list[int], dict[str, object]]] = []
+    seat = _seat(clock)
+    seat._adopted = {3, 5}
+    seat._append = lambda slots, fields: written.append((slots, fields)) or {}  # type: ignore[method-assign]
+    seat.on_revoke = lambda slots: frozenset({5})
+    seat._revoked(None, [TopicPartition("m", 3), TopicPartition("m", 5)])
+    assert written == [
+        ([3], {"kind": "release", "adopted": True}),
+        ([5], {"kind": "release", "adopted": False}),
+    ]
+
+
+def test_a_claim_the_broker_did_not_confirm_is_claimed_again_at_a_heartbeat() -> None:
+    seat = _seat(Clock())
+    seat._claims = {}
+    landed = [{2: 10}, {4: 11}]
+    seat._append = lambda slots, fields: landed.pop(0)  # type: ignore[method-assign]
+    seat._assigned(None, [TopicPartition("m", 2), TopicPartition("m", 4)])
+    assert seat.assigned() == {2} and seat._unclaimed == {4}
+    seat._claim_again()
+    assert seat.claims() == {2: Claim(2, 10), 4: Claim(4, 11)} and not seat._unclaimed
+
+
+def test_the_pause_detector_counts_a_suspended_machine() -> None:
+    """The seat's clock is the boot-time clock, which runs on while a VM is suspended
+    (the monotonic clock stops)."""
+    seat = Seat(KafkaConfig(), ClusterConfig(slots=8, session_timeout=6.0))
+    assert seat.clock is boot_clock
+    assert abs(boot_clock() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1.0

@@ -102,8 +102,9 @@ class SoleOwner:
     def adopt(self, slots: Iterable[int]) -> None:
         """The micro-batch thread fenced the predecessors and reloaded these slots."""
 
-    def drained(self, slots: Iterable[int]) -> None:
-        """The micro-batch thread recorded what ran on these slots."""
+    def drained(self, slots: Iterable[int], clean: bool = True) -> None:
+        """The micro-batch thread recorded what ran on these slots (``clean``: every
+        iteration on them ended; else some may still write)."""
 
     def resume(self) -> None:
         """The query (re)starts."""
@@ -127,6 +128,8 @@ class SlotOwner(SoleOwner):
         self._served: set[int] = set()
         """Slots adopted by the micro-batch thread (durable state reloaded)."""
         self._revoking: set[int] = set()
+        self._unclean: set[int] = set()
+        """Slots drained without every iteration ending: their release says so."""
         self._lost: set[int] = set()
         self._drained = threading.Condition(self._lock)
         self._stopped = False
@@ -174,14 +177,14 @@ class SlotOwner(SoleOwner):
             if database is None or table is None
             else self.seat.may_write(self.slot(database, table))
         )
-        owner = self.instance if claim is None else f"{self.instance}@{claim.epoch}"
+        owner = self.instance if claim is None else f"{self.instance}@{claim.stamp}"
         with self._lock:
             version = next(self._versions)
         return Signature(self.seat.writer, version, owner or "")
 
     def owner_of(self, database: str, table: str) -> str | None:
         claim = self.seat.may_write(self.slot(database, table))
-        return self.instance if claim is None else f"{self.instance}@{claim.epoch}"
+        return self.instance if claim is None else f"{self.instance}@{claim.stamp}"
 
     def fenced(self, claims: Iterable[Claim]) -> list[Signature]:
         writers = self.seat.predecessors(claims)
@@ -206,10 +209,12 @@ class SlotOwner(SoleOwner):
             self._served |= taken
         self.seat.adopted(taken)
 
-    def drained(self, slots: Iterable[int]) -> None:
+    def drained(self, slots: Iterable[int], clean: bool = True) -> None:
         with self._lock:
             self._revoking -= set(slots)
             self._served -= set(slots)
+            if not clean:
+                self._unclean |= set(slots)
             self._drained.notify_all()
 
     def resume(self) -> None:
@@ -225,8 +230,9 @@ class SlotOwner(SoleOwner):
             self._stopped = True
             self._drained.notify_all()
 
-    def _revoke(self, slots: frozenset[int]) -> None:
-        """On the seat's thread: wait until the micro-batch thread drained ``slots``."""
+    def _revoke(self, slots: frozenset[int]) -> frozenset[int]:
+        """On the seat's thread: wait until the micro-batch thread drained ``slots``;
+        the slots whose drain gave up (timed out, or iterations still running)."""
         deadline = time.monotonic() + self.drain_timeout
         with self._lock:
             waiting = slots & self._served
@@ -236,8 +242,11 @@ class SlotOwner(SoleOwner):
                 if left <= 0:
                     break
                 self._drained.wait(left)
+            stuck = (self._revoking & waiting) | (self._unclean & slots)
             self._revoking -= slots
             self._served -= slots
+            self._unclean -= slots
+        return frozenset(stuck)
 
     def _lose(self, slots: frozenset[int]) -> None:
         with self._lock:

@@ -13,8 +13,9 @@ Three things are added on top, for the writes an owner makes:
   partition and keeps the record's offset as its epoch on the slot. Offsets
   only grow, so a later owner's epoch is always larger than an earlier one's,
   which is what a stale owner's write is told apart by.
-* **A self-fence.** A thread of the seat beats every 0.1 s on the monotonic
-  clock, which runs on while the process is stopped. A gap longer than the
+* **A self-fence.** A thread of the seat beats every 0.1 s on the boot-time
+  clock, which runs on while the process is stopped and while the machine is
+  suspended (the monotonic clock stops with a suspended VM). A gap longer than the
   session timeout less two heartbeats (a long GC, ``SIGSTOP``) makes the seat
   suspect, and whichever thread runs first after the pause sees it:
   :meth:`Seat.holds` is false until the coordinator vouches for the seat again,
@@ -22,6 +23,15 @@ Three things are added on top, for the writes an owner makes:
   group gets that) or by a new assignment. An instance paused past its
   session timeout therefore stops believing it owns anything the moment it
   runs again, before its consumer learns that it was dropped.
+
+A network partition is covered by librdkafka: a consumer that hears nothing from
+the coordinator for ``session_timeout`` declares its partitions lost
+(``on_lost``) by its own timer. That timer starts at the last answer it got,
+no earlier than the coordinator's starts at the last heartbeat it got, so the
+coordinator may move a slot a little before the partitioned instance lets go of
+it. What the instance writes in between is fenced by Delta: the new owner
+commits the old writer's transaction id before it writes anything, and Delta
+skips the old writer's later commits, or fails one in flight.
 
 A slot being revoked (another instance joined) is drained first: ``on_revoke``
 runs inside the rebalance, and the coordinator gives the slot away only after
@@ -47,6 +57,7 @@ from lakeprop.membership.topics import (
     Claim,
     ensure_topics,
     group_id,
+    topic_identity,
     unreleased_writers,
 )
 
@@ -57,12 +68,21 @@ def _new_writer() -> str:
     return f"lakeprop-writer-{uuid.uuid4().hex}"
 
 
+def boot_clock() -> float:
+    """Seconds since boot, counting time the machine was suspended (Linux
+    ``CLOCK_BOOTTIME``; the monotonic clock elsewhere)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 class Seat:
     """This instance's membership: join, hold slots, confirm, leave.
 
     ``on_revoke(slots)`` runs on the seat's thread when the coordinator takes
-    slots away in an orderly rebalance, and must return once nothing runs on
-    them any more; ``on_lost(slots)`` runs when the seat finds it was dropped
+    slots away in an orderly rebalance, and returns once nothing runs on them any
+    more, or with the slots whose drain gave up (their release then says that
+    this seat's writer may still write, so the next owner fences it);
+    ``on_lost(slots)`` runs when the seat finds it was dropped
     (the slots are someone else's already). ``status()`` supplies what the seat
     publishes about the instance every ``heartbeat_interval`` (owned tables,
     lag), for ``lakeprop members``.
@@ -73,10 +93,11 @@ class Seat:
         kafka: KafkaConfig,
         cluster: ClusterConfig,
         *,
-        on_revoke: Callable[[frozenset[int]], None] = lambda _slots: None,
+        on_revoke: Callable[[frozenset[int]], frozenset[int] | None] = lambda _slots: None,
         on_lost: Callable[[frozenset[int]], None] = lambda _slots: None,
         status: Callable[[], dict[str, Any]] = dict,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boot_clock,
+        era_of: Callable[[str], int] = lambda _identity: 0,
     ) -> None:
         self.kafka = kafka
         self.cluster = cluster
@@ -96,8 +117,16 @@ class Seat:
         dropped, so that fencing an earlier one never fences this."""
         self._adopted: set[int] = set()
         """Slots whose predecessors were fenced by this seat (see :meth:`adopted`)."""
+        self.era_of = era_of
+        """The era of a membership topic identity (the shared catalog keeps them)."""
+        self.era = 0
+        """This seat's membership topic's era (:data:`~lakeprop.membership.topics.ERA_SPAN`),
+        learned at :meth:`start`."""
+        self._unclaimed: set[int] = set()
+        """Slots assigned to this seat whose claim record was not written (the broker
+        did not confirm it): claimed again at every heartbeat until it is."""
         self._last_tick = clock()
-        """When the seat's clock thread last ran (monotonic)."""
+        """When the seat's clock thread last ran (:func:`boot_clock`)."""
         self._suspect = True
         """Set until the coordinator vouches for the seat (an assignment, a commit it
         accepted), and again after a pause long enough to have been dropped."""
@@ -183,6 +212,7 @@ class Seat:
         from confluent_kafka import Consumer, Producer
 
         ensure_topics(self.kafka, self.cluster, timeout)
+        self.era = self.era_of(topic_identity(self.kafka, self.topic, timeout))
         self._stop.clear()
         common = settings(self.kafka)
         self._producer = Producer({**common, "client.id": self.instance, "linger.ms": 0})
@@ -252,6 +282,7 @@ class Seat:
         try:
             if self._suspect:
                 self._confirm()
+            self._claim_again()
             self._publish()
         except Exception:  # a status or a confirmation is tried again next time
             log.exception("membership heartbeat of %s failed", self.instance)
@@ -272,7 +303,22 @@ class Seat:
         claims = self._claim(slots)
         with self._lock:
             self._claims.update({c.slot: c for c in claims})
+            self._unclaimed |= set(slots) - {c.slot for c in claims}
         log.info("%s holds slot(s) %s", self.instance, [c.slot for c in claims])
+
+    def _claim_again(self) -> None:
+        """Claim the assigned slots whose claim record did not land (at a heartbeat)."""
+        with self._lock:
+            slots = sorted(self._unclaimed)
+        if not slots:
+            return
+        claims = self._claim(slots)
+        with self._lock:
+            taken = {c.slot: c for c in claims if c.slot in self._unclaimed}
+            self._claims.update(taken)
+            self._unclaimed -= set(taken)
+        if taken:
+            log.info("%s holds slot(s) %s after claiming them again", self.instance, sorted(taken))
 
     def _revoked(self, _consumer: Any, partitions: Iterable[Any]) -> None:
         slots = frozenset(p.partition for p in partitions)
@@ -282,19 +328,26 @@ class Seat:
             self._draining |= slots
         log.info("%s gives up slot(s) %s", self.instance, sorted(slots))
         try:
-            self.on_revoke(slots)
+            stuck = self.on_revoke(slots) or frozenset()
+            if stuck:
+                log.warning(
+                    "%s gives up slot(s) %s without a clean drain: its next owner fences it",
+                    self.instance,
+                    sorted(stuck),
+                )
             with self._lock:
                 held = slots & set(self._claims)
-                adopted = sorted(held & self._adopted)
-                not_adopted = sorted(held - self._adopted)
-            self._append(adopted, {"kind": "release", "adopted": True})
-            self._append(not_adopted, {"kind": "release", "adopted": False})
+                clean = sorted(held & self._adopted - stuck)
+                unclean = sorted(held - (self._adopted - stuck))
+            self._append(clean, {"kind": "release", "adopted": True})
+            self._append(unclean, {"kind": "release", "adopted": False})
         finally:
             with self._lock:
                 for slot in slots:
                     self._claims.pop(slot, None)
                 self._draining -= slots
                 self._adopted -= slots
+                self._unclaimed -= slots
 
     def _lost(self, _consumer: Any, partitions: Iterable[Any]) -> None:
         slots = frozenset(p.partition for p in partitions)
@@ -306,6 +359,7 @@ class Seat:
                 self._claims.pop(slot, None)
             self._adopted -= slots
             self._draining -= slots
+            self._unclaimed -= slots
             self.writer = _new_writer()  # whatever the old one wrote late is fenced
         self.on_lost(slots)
 
@@ -315,6 +369,7 @@ class Seat:
             self._claims.clear()
             self._adopted.clear()
             self._draining.clear()
+            self._unclaimed.clear()
             self._suspect = True
         if slots:
             notify(slots)
@@ -322,7 +377,7 @@ class Seat:
     def _claim(self, slots: list[int]) -> list[Claim]:
         """Append a claim record to each slot's partition; its offset is the epoch."""
         offsets = self._append(slots, {"kind": "claim"})
-        return [Claim(slot, offsets[slot]) for slot in slots if slot in offsets]
+        return [Claim(slot, offsets[slot], self.era) for slot in slots if slot in offsets]
 
     def _append(self, slots: list[int], fields: dict[str, Any]) -> dict[int, int]:
         """Append a record (this seat, its writer, ``fields``) to each slot's partition

@@ -3,6 +3,15 @@ a compacted status topic beside it.
 
 A claim record's offset is its writer's epoch on the slot; :func:`unreleased_writers`
 reads back the claims that no release ended, the writers a new owner fences.
+
+Offsets start again in a new membership topic (a new ``cluster.topic`` to change
+the slot count, or the topic deleted and created again), so an epoch is stamped
+on what an owner writes together with the topic's *era*: a number the shared
+catalog keeps with the identity of the topic it counts for (its name and Kafka
+topic id), one higher for each topic after the first
+(:meth:`~lakeprop.state.catalog.JobCatalog.era`). A later topic's stamps are
+therefore above every earlier topic's, and a write is never skipped as older
+than rows a previous topic's owners wrote.
 """
 
 from __future__ import annotations
@@ -26,12 +35,37 @@ def group_id(topic: str) -> str:
     return f"lakeprop.{topic}"
 
 
+ERA_SPAN = 10**12
+"""Stamps of one era lie below the next era's: ``era * ERA_SPAN + offset``."""
+
+
 @dataclass(frozen=True)
 class Claim:
-    """A slot held: the epoch is the offset of the claim record in its partition."""
+    """A slot held: the epoch is the offset of the claim record in its partition, in
+    the membership topic of ``era``."""
 
     slot: int
     epoch: int
+    era: int = 0
+
+    @property
+    def stamp(self) -> int:
+        """The epoch as owners' writes carry it, comparable across membership topics."""
+        return self.era * ERA_SPAN + self.epoch
+
+
+def topic_identity(kafka: KafkaConfig, topic: str, timeout: float = 30.0) -> str:
+    """``<topic>#<Kafka topic id>``: a topic deleted and created again under the same
+    name is another topic."""
+    from confluent_kafka import KafkaException, TopicCollection
+
+    client = admin(kafka)
+    try:
+        described = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
+        found = described[topic].result(timeout)
+    except KafkaException as exc:
+        raise BrokerError(f"could not describe topic {topic}: {exc.args[0].str()}") from None
+    return f"{topic}#{found.topic_id}"
 
 
 def ensure_topics(kafka: KafkaConfig, cluster: ClusterConfig, timeout: float = 30.0) -> None:

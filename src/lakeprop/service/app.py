@@ -94,6 +94,8 @@ class PropagationApp:
                 sign=self._sign,
             )
         self.catalog = JobCatalog(spark, config.state.table_path(CATALOG_TABLE), shared)
+        if self.seat is not None:
+            self.seat.era_of = self.catalog.era
         self.outcomes = OutcomeTables(
             spark,
             config.state.table_path(REQUESTS_TABLE),

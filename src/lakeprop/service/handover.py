@@ -107,11 +107,16 @@ class Handover:
         parts = self.parts
         refs = self._refs_in(slots)
         parts.scheduler.cancel(refs, "its table moves to another instance")
-        if not parts.scheduler.wait_ended(refs, parts.drain_wait):
-            log.warning("iterations of slot(s) %s did not end; handing over anyway", sorted(slots))
+        ended = parts.scheduler.wait_ended(refs, parts.drain_wait)
+        if not ended:
+            log.warning(
+                "iterations of slot(s) %s did not end: handing over, and the next owner "
+                "fences this instance's writer",
+                sorted(slots),
+            )
         parts.record_results()
         parts.catalog.flush()
-        self.ownership.drained(slots)
+        self.ownership.drained(slots, clean=ended)
         log.info("drained slot(s) %s: %d job(s) handed over", sorted(slots), len(refs))
 
     def _take_over(self, claims: Mapping[int, Claim]) -> None:

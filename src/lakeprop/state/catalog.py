@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 from lakeprop.spec import JobRef
 from lakeprop.state import store as state
 from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
-from lakeprop.state.shared import Signed, signed_session, with_retries
+from lakeprop.state.shared import Signed, conflicting, signed_session, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ class SharedWrites:
 
 
 KEY_COLUMNS = ("account_id", "database", "table", "job_name", "job_id")
+ERA_PROPERTY = "lakeprop.cluster.era"
+MEMBERSHIP_PROPERTY = "lakeprop.cluster.membership"
+"""The catalog's properties: the membership topic's era, and the topic it counts for."""
 _EPOCH = "coalesce(try_cast(substring_index({0}.owner, '@', -1) AS BIGINT), -1)"
 NOT_OLDER = f"{_EPOCH.format('t')} <= {_EPOCH.format('s')}"
 """A shared-catalog write replaces no row written under a larger epoch."""
@@ -198,6 +201,34 @@ class JobCatalog:
                 )
 
         with_retries(f"catalog write to {self.path}", merge)
+
+    def era(self, identity: str, attempts: int = 8) -> int:
+        """The era of the membership topic ``identity`` (``cluster.enabled``): the one
+        the catalog's properties hold for it, or one above theirs for a topic they
+        do not name (recorded at once; of instances starting together, Delta lets
+        one record it and the others read it)."""
+        from delta.tables import DeltaTable
+
+        for attempt in range(attempts):
+            detail = DeltaTable.forPath(self.spark, self.path).detail().first()
+            properties = {} if detail is None else dict(detail["properties"] or {})
+            era = int(properties.get(ERA_PROPERTY, "0"))
+            if properties.get(MEMBERSHIP_PROPERTY) == identity:
+                return era
+            try:
+                self.spark.sql(
+                    f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES "
+                    f"('{ERA_PROPERTY}' = '{era + 1}', '{MEMBERSHIP_PROPERTY}' = '{identity}')"
+                )
+            except Exception as exc:
+                if not conflicting(exc) or attempt == attempts - 1:
+                    raise
+                continue
+            log.info(
+                "membership topic %s starts era %d of catalog %s", identity, era + 1, self.path
+            )
+            return era + 1
+        raise AssertionError("unreachable")
 
     def rows(self) -> list[CatalogRow]:
         return list(self._rows.values())
