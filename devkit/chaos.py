@@ -1144,7 +1144,9 @@ def cdc_expected(
     spark: SparkSession, path: str, synced_at: int, version: int, scd: int
 ) -> list[dict[str, Any]]:
     """An ``auto_cdc`` table source's target, from the model: its rows at the job's
-    snapshot as upserts at that version, then each later commit's last change per key."""
+    snapshot as upserts at that version, then each later commit's last change per key
+    (what the commit leaves ranks last; a key left with only an update's pre-image
+    moved to another key, and is deleted)."""
     columns = ["name", "amount", "body"]
     snapshot = spark.read.format("delta").option("versionAsOf", synced_at).load(path)
     events = [
@@ -1158,14 +1160,14 @@ def cdc_expected(
             .option("startingVersion", synced_at + 1)
             .option("endingVersion", version)
             .load(path)
-            .where("_change_type != 'update_preimage'")
             .collect()
         )
+        leaves = ("insert", "update_postimage")
         last: dict[tuple[Any, int], Row] = {}
-        for r in sorted(changes, key=lambda r: r["_change_type"] != "delete"):
-            last[(r["id"], r["_commit_version"])] = r  # an insert after a delete wins
+        for r in sorted(changes, key=lambda r: r["_change_type"] in leaves):
+            last[(r["id"], r["_commit_version"])] = r  # what the commit leaves wins
         for (key, at), r in last.items():
-            if r["_change_type"] == "delete":
+            if r["_change_type"] not in leaves:
                 events.append(cdc_model.Event((key,), at, cdc_model.DELETE))
             else:
                 values = tuple((c, r[c]) for c in columns)

@@ -15,10 +15,10 @@ from lakeprop.dev.localkafka import LocalKafka
 
 pytestmark = pytest.mark.integration
 
-SEEDS = (3, 7)
-"""Seeds whose sequences hold updates that change keys, deletion vectors, column
-mapping and partitions, merges, overwrites and restores (both failed before key
-changes were followed)."""
+SEEDS = (7,)
+"""A seed whose sequence holds updates that change keys and overwrites, on a
+partitioned source with deletion vectors, on both paths (it failed before key
+changes were followed); ``scripts/fuzz.sh`` runs the others."""
 OPERATIONS = 8
 
 
