@@ -44,6 +44,22 @@ class Signed:
         return {"txnAppId": self.app_id, "txnVersion": str(self.version)}
 
 
+CONFLICTS = (
+    "ConcurrentAppend",
+    "ConcurrentDeleteRead",
+    "ConcurrentDeleteDelete",
+    "ConcurrentTransaction",
+    "ConcurrentWrite",
+    "MetadataChanged",
+    "ProtocolChanged",
+    "DELTA_CONCURRENT",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+)
+"""How Delta names its refusals of a commit that raced another one (class names and
+error classes), as py4j and PySpark's captured exceptions show them."""
+
+
 def conflicting(exc: BaseException) -> bool:
     """Whether ``exc`` is Delta's refusal of a commit that raced another one."""
     from delta.exceptions import DeltaConcurrentModificationException
@@ -51,7 +67,7 @@ def conflicting(exc: BaseException) -> bool:
     if isinstance(exc, DeltaConcurrentModificationException):
         return True
     text = f"{type(exc).__name__}: {exc}"
-    return "Concurrent" in text and "Exception" in text and "delta" in text.lower()
+    return any(name in text for name in CONFLICTS)
 
 
 def with_retries(what: str, write: Callable[[], T], attempts: int = ATTEMPTS) -> T:
