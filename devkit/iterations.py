@@ -55,22 +55,13 @@ class HandDriven:
         self.watermark: int | None = None
 
     def _run(self, kind: IterationKind, start: int | None, to: int) -> IterationResult:
-        member = Member((self.key, self.job_id), self.job_id, start)
-        plan = IterationPlan(
-            TableRef(self.key.account_id, self.key.database, self.key.table),
-            kind,
-            to,
-            (member,),
-            0,
-            time.time(),
-        )
-        self.spark.sparkContext.setJobGroup(plan.iteration_id, "hand-driven iteration")
-        result = run_iteration(
+        result = iterate(
             self.spark,
-            plan,
-            [MemberJob(member, self.key, self.spec)],
             self.tables,
-            CancelToken(),
+            [(self.key, self.job_id, self.spec)],
+            kind,
+            start,
+            to,
             small_rows=self.small_rows,
             native=self.native,
         )
@@ -99,6 +90,35 @@ class HandDriven:
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path(suffix))
+
+
+def iterate(
+    spark: SparkSession,
+    tables: Tables,
+    jobs: list[tuple[JobKey, int, JobSpec]],
+    kind: IterationKind,
+    start: int | None,
+    to: int,
+    *,
+    small_rows: int = 100_000,
+    native: NativeSettings | None = None,
+) -> IterationResult:
+    """One iteration of ``jobs`` (key, job id, spec) of one source, from ``start`` (a
+    tail) or a snapshot, to ``to``: the engine's own, in this thread."""
+    key = jobs[0][0]
+    members = [MemberJob(Member((k, i), i, start), k, spec) for k, i, spec in jobs]
+    plan = IterationPlan(
+        TableRef(key.account_id, key.database, key.table),
+        kind,
+        to,
+        tuple(m.member for m in members),
+        0,
+        time.time(),
+    )
+    spark.sparkContext.setJobGroup(plan.iteration_id, "hand-driven iteration")
+    return run_iteration(
+        spark, plan, members, tables, CancelToken(), small_rows=small_rows, native=native
+    )
 
 
 class IterationFailed(Exception):

@@ -57,3 +57,33 @@ def expected_row(
         log_partition=last.partition,
         log_offset=last.offset,
     )
+
+
+def job_row(
+    key: JobKey,
+    job_id: int,
+    *,
+    watermark: int | None = None,
+    at: datetime = datetime(2026, 11, 1),
+    log_offset: int | None = None,
+    spec: JobSpec | None = None,
+) -> CatalogRow:
+    """A live replica job's catalog row, for tests of what reads or moves rows."""
+    return CatalogRow(
+        account_id=key.account_id,
+        database=key.database,
+        table=key.table,
+        job_name=key.job_name,
+        job_id=job_id,
+        table_id="tid",
+        job_spec=(spec or replica_spec()).canonical(),
+        job_state=JobState.COMPLETED,
+        watermark=watermark,
+        watermark_ts=at,
+        job_status=EMPTY_STATUS,
+        create_at=at,
+        drop_at=None,
+        owner=None,
+        log_partition=0,
+        log_offset=job_id if log_offset is None else log_offset,
+    )

@@ -27,18 +27,11 @@ from pyspark.sql import DataFrame, SparkSession
 from devkit.expected import aggregates_of
 from devkit.fuzzing import models
 from devkit.fuzzing.source import Op, Shape, Source, draw
+from devkit.iterations import iterate
 from devkit.kafka import read_topic
 from lakeprop.config import KafkaConfig, TablesConfig
 from lakeprop.consumers.vector_index.builds import BUILDS
-from lakeprop.engine.iteration import run_iteration
-from lakeprop.engine.model import (
-    CancelToken,
-    IterationKind,
-    IterationPlan,
-    Member,
-    MemberJob,
-    TableRef,
-)
+from lakeprop.engine.model import IterationKind
 from lakeprop.engine.native import NativeSettings
 from lakeprop.kafka import create_topic
 from lakeprop.spec import JobKey, JobSpec
@@ -124,21 +117,9 @@ class Fleet:
         if self.watermark is not None and self.watermark >= to:
             return
         kind = IterationKind.SNAPSHOT if self.watermark is None else IterationKind.TAIL
-        members = [
-            MemberJob(Member((self.key(n), i), i, self.watermark), self.key(n), spec)
-            for i, (n, spec) in enumerate(self.jobs.items(), start=1)
-        ]
-        plan = IterationPlan(
-            TableRef(0, DATABASE, TABLE),
-            kind,
-            to,
-            tuple(m.member for m in members),
-            0,
-            time.time(),
-        )
-        self.spark.sparkContext.setJobGroup(plan.iteration_id, "fuzzed iteration")
-        result = run_iteration(
-            self.spark, plan, members, self.tables, CancelToken(), fan_out=1, native=self.native
+        jobs = [(self.key(n), i, spec) for i, (n, spec) in enumerate(self.jobs.items(), start=1)]
+        result = iterate(
+            self.spark, self.tables, jobs, kind, self.watermark, to, native=self.native
         )
         failed = [m for m in result.members if not m.ok]
         if failed:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from devkit.specs import replica_spec
+from devkit.specs import job_row
 from lakeprop.changelog import LogRecord
 from lakeprop.engine.ownership import Signature, SlotChanges, SoleOwner
 from lakeprop.membership.topics import Claim
@@ -19,7 +19,6 @@ from lakeprop.spec import JobKey, JobRef
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, Verdict
 from lakeprop.state.shared import Signed
-from lakeprop.state.status import EMPTY_STATUS, JobState
 
 pytestmark = pytest.mark.unit
 
@@ -27,24 +26,8 @@ T0 = datetime(2026, 11, 1)
 
 
 def row(table: str, job_id: int, *, watermark: int | None = 3, offset: int = 1) -> CatalogRow:
-    return CatalogRow(
-        account_id=0,
-        database="db",
-        table=table,
-        job_name=f"job{job_id}",
-        job_id=job_id,
-        table_id="tid",
-        job_spec=replica_spec().canonical(),
-        job_state=JobState.COMPLETED,
-        watermark=watermark,
-        watermark_ts=T0,
-        job_status=EMPTY_STATUS,
-        create_at=T0,
-        drop_at=None,
-        owner=None,
-        log_partition=0,
-        log_offset=offset,
-    )
+    key = JobKey(0, "db", table, f"job{job_id}")
+    return job_row(key, job_id, watermark=watermark, at=T0, log_offset=offset)
 
 
 class Owner(SoleOwner):

@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 
 from devkit.memscan import MemoryScan
-from devkit.specs import replica_spec
+from devkit.specs import job_row, replica_spec
 from lakeprop.client.log import Receipt
 from lakeprop.client.reads import StateReader
 from lakeprop.client.scans import Condition, Query
@@ -18,7 +18,7 @@ from lakeprop.errors import PermanentError, StateNotFoundError
 from lakeprop.spec import JobKey
 from lakeprop.state.history import consumer_digest
 from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
-from lakeprop.state.status import EMPTY_STATUS, JobState
+from lakeprop.state.status import JobState
 from lakeprop.state.store import CATALOG_TABLE, HISTORY_TABLE, REQUESTS_TABLE, USAGE_TABLE
 from lakeprop.state.usage import UsageRow
 
@@ -29,24 +29,7 @@ STATE = StateConfig(location="/state", checkpoint_location="/checkpoint")
 
 
 def job(name: str, job_id: int, watermark: int | None, **changes: object) -> CatalogRow:
-    row = CatalogRow(
-        account_id=1,
-        database="shop",
-        table="items",
-        job_name=name,
-        job_id=job_id,
-        table_id="tid",
-        job_spec=replica_spec().canonical(),
-        job_state=JobState.COMPLETED,
-        watermark=watermark,
-        watermark_ts=T0,
-        job_status=EMPTY_STATUS,
-        create_at=T0,
-        drop_at=None,
-        owner=None,
-        log_partition=0,
-        log_offset=job_id,
-    )
+    row = job_row(JobKey(1, "shop", "items", name), job_id, watermark=watermark, at=T0)
     return replace(row, **changes)  # type: ignore[arg-type]
 
 
