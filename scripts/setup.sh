@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: the virtual environment with the pinned
-# packages of one stack, the JVM jars Spark needs (Delta, Kafka connector) and the
-# classpath of the local Kafka broker. Every step is skipped when its inputs have
+# packages of one stack, the JVM jars Spark needs (Delta, the Kafka connector, S3A
+# and lakeprop's S3 log store) and the classpaths of the local Kafka broker and the
+# local S3 API server. Every step is skipped when its inputs have
 # not changed, so calling this before every run costs a second.
 #
 #   scripts/setup.sh                       the default stack: .venv, .cache/jars
@@ -77,4 +78,24 @@ if ! stamp_ok kafka "$ROOT/tools/kafka/pom.xml" <(echo "$broker") || [ ! -s "$CA
   stamp_write kafka "$ROOT/tools/kafka/pom.xml" <(echo "$broker")
 fi
 
-log "ready: $VENV, $JARS, $CACHE/kafka.classpath"
+# 4. lakeprop's Delta log store for S3 (tools/logstore), built once for every stack
+# (it is compiled against the oldest Hadoop and Delta supported) and put beside the
+# stack's jars, so local sessions commit to s3a:// exclusively.
+logstore_sources=("$ROOT/tools/logstore/pom.xml" $(find "$ROOT/tools/logstore/src" -name '*.java' | sort))
+logstore_jar="$CACHE/build/logstore/lakeprop-logstore-1.0.0.jar"
+if ! stamp_ok logstore "${logstore_sources[@]}" || [ ! -s "$logstore_jar" ]; then
+  log "building the S3 log store (tools/logstore)"
+  "${MVN[@]}" -f "$ROOT/tools/logstore/pom.xml" package
+  stamp_write logstore "${logstore_sources[@]}"
+fi
+cmp -s "$logstore_jar" "$JARS/$(basename "$logstore_jar")" || cp "$logstore_jar" "$JARS/"
+
+# 5. The local S3 API server (S3Proxy) classpath, shared by every stack.
+if ! stamp_ok s3proxy "$ROOT/tools/s3proxy/pom.xml" || [ ! -s "$CACHE/s3proxy.classpath" ]; then
+  log "resolving the S3Proxy server from Maven Central"
+  "${MVN[@]}" -f "$ROOT/tools/s3proxy/pom.xml" dependency:build-classpath \
+    -Dmdep.outputFile="$CACHE/s3proxy.classpath"
+  stamp_write s3proxy "$ROOT/tools/s3proxy/pom.xml"
+fi
+
+log "ready: $VENV, $JARS, $CACHE/kafka.classpath, $CACHE/s3proxy.classpath"

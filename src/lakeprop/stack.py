@@ -19,11 +19,19 @@ import argparse
 import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
+from pathlib import Path
 
 SCALA = "2.13"
 SUPPORTED_PYSPARK = ">=4.0.1,<=4.2.0"
 """What ``pyproject.toml``'s ``spark`` extra admits (delta-spark 4.4's own range)."""
 SUPPORTED_DELTA = ">=4.4.0,<4.5"
+
+AWS_SDK_FOR_HADOOP = {"3.4.1": "2.24.8", "3.4.2": "2.29.52", "3.5.0": "2.35.4"}
+"""The AWS SDK v2 whose modules hadoop-aws runs on, per Hadoop release: the one its
+S3A was built with (``aws-java-sdk-v2.version`` in its ``hadoop-project`` pom), or
+the nearest patch release after it that published every module S3A needs (Hadoop
+3.4.1 was built with 2.24.6, which has no ``s3-transfer-manager`` on Maven Central)."""
 
 CONNECTOR_OVERRIDES = {"4.0.1": "4.0.0"}
 """Spark versions whose Kafka connector is incomplete on Maven Central (4.0.1's
@@ -57,14 +65,18 @@ STACKS = {
 }
 
 
+def _refuse(message: str) -> Exception:
+    # lakeprop is importable here: only an installed lakeprop asks for versions
+    from lakeprop.errors import InvalidConfigError
+
+    return InvalidConfigError(message)
+
+
 def _installed(package: str) -> str:
     try:
         return version(package)
     except PackageNotFoundError:
-        # the package is importable here: only an installed lakeprop asks for versions
-        from lakeprop.errors import InvalidConfigError
-
-        raise InvalidConfigError(f"{package} is not installed: run scripts/setup.sh") from None
+        raise _refuse(f"{package} is not installed: run scripts/setup.sh") from None
 
 
 def spark_minor(spark_version: str) -> str:
@@ -87,6 +99,27 @@ def spark_packages(
     )
 
 
+def bundled_hadoop() -> str:
+    """The Hadoop release the installed PySpark ships (``hadoop-client-api-3.5.0.jar``)."""
+    spec = find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise _refuse("pyspark is not installed: run scripts/setup.sh")
+    for jar in (Path(spec.origin).parent / "jars").glob("hadoop-client-api-*.jar"):
+        return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    raise _refuse("the installed PySpark ships no hadoop-client-api jar")
+
+
+def s3a_versions(hadoop: str | None = None) -> tuple[str, str]:
+    """hadoop-aws and AWS SDK versions for S3A on the installed PySpark's Hadoop."""
+    hadoop = hadoop or bundled_hadoop()
+    if hadoop not in AWS_SDK_FOR_HADOOP:
+        raise _refuse(
+            f"no AWS SDK version is known for Hadoop {hadoop}: add it to "
+            "lakeprop.stack.AWS_SDK_FOR_HADOOP from that release's hadoop-project pom"
+        )
+    return hadoop, AWS_SDK_FOR_HADOOP[hadoop]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the stacks lakeprop is tested on")
     sub = parser.add_subparsers(dest="what", required=True)
@@ -100,9 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         print(",".join(spark_packages()))
     elif args.what == "maven-properties":
         delta, connector = (c.split(":") for c in spark_packages())
+        hadoop, sdk = s3a_versions()
         print(
             f"-Ddelta.artifact={delta[1]} -Ddelta.version={delta[2]} "
-            f"-Dkafka.connector.version={connector[2]}"
+            f"-Dkafka.connector.version={connector[2]} "
+            f"-Dhadoop.version={hadoop} -Dawssdk.version={sdk}"
         )
     else:
         stack = STACKS[args.stack]
