@@ -25,6 +25,7 @@ LAYERS = {
     "faults": 1,
     "session": 1,
     "stack": 1,
+    "storage": 1,
     "tenants": 1,
     "dev": 1,
     "registry": 1,

@@ -5,7 +5,7 @@ status) answer in about a second, process start included, because nothing here
 starts a JVM: a local Spark session alone takes tens of seconds. Tables are
 read by path (the service's state always lives by path; consumer targets do
 under ``tables.resolution = "path"``) with the storage options delta-rs needs
-(``engine.native_storage_options``). Nothing here imports PySpark.
+(:func:`storage_of`). Nothing here imports PySpark.
 
 Timestamps come back as Spark's ``collect`` gives them, naive in the local
 time zone, so rows read here equal rows read through Spark.
@@ -13,11 +13,13 @@ time zone, so rows read here equal rows read through Spark.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from lakeprop.config import AppConfig
 from lakeprop.errors import InvalidConfigError
+from lakeprop.storage import Storage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,10 +32,16 @@ def uri(location: str) -> str:
     return location[len("file:") :] if location.startswith("file:/") else location
 
 
+def storage_of(config: AppConfig) -> Storage:
+    """How a client reaches the service's tables: its config's ``spark.hadoop.fs.s3a.*``
+    settings and ``engine.native_storage_options`` (:mod:`lakeprop.storage`)."""
+    return Storage.from_spark_conf(config.spark.conf, config.engine.native_storage_options)
+
+
 class Lake:
     """Opens Delta tables by path with delta-rs, with the service's storage options."""
 
-    def __init__(self, storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(self, storage: Storage | None = None) -> None:
         try:
             import deltalake  # noqa: F401
             import pyarrow  # noqa: F401
@@ -42,19 +50,19 @@ class Lake:
                 "reading without Spark needs the deltalake and pyarrow packages: "
                 "pip install 'lakeprop[native]'"
             ) from None
-        self.storage_options = dict(storage_options or {})
+        self.storage = storage or Storage()
 
     def exists(self, path: str) -> bool:
         from deltalake import DeltaTable
 
         return bool(
-            DeltaTable.is_deltatable(uri(path), storage_options=self.storage_options or None)
+            DeltaTable.is_deltatable(uri(path), storage_options=self.storage.options(path) or None)
         )
 
     def open(self, path: str) -> DeltaTable:
         from deltalake import DeltaTable
 
-        return DeltaTable(uri(path), storage_options=self.storage_options or None)
+        return DeltaTable(uri(path), storage_options=self.storage.options(path) or None)
 
     def dataset(self, path: str) -> ds.Dataset:
         """The table's current version as an Arrow dataset."""

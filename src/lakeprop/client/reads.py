@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from lakeprop.bulk.model import BulkOperation, BulkTask
+from lakeprop.client.lake import storage_of
 from lakeprop.client.log import Receipt
 from lakeprop.client.scans import Condition, LakeScan, Query, Scan, SparkScan, eq
 from lakeprop.client.views import BulkStatus, JobInfo, by_key, current_row
@@ -77,7 +78,7 @@ class StateReader:
         return cls(
             config.state,
             tables=config.tables,
-            scan=LakeScan(config.engine.native_storage_options),
+            scan=LakeScan(storage_of(config)),
         )
 
     @property

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lakeprop.errors import InvalidArgumentError
+from lakeprop.storage import Storage
 
 Row = dict[str, Any]
 
@@ -152,12 +153,12 @@ class SparkScan:
 class LakeScan:
     """Runs queries with delta-rs and Arrow, in this process (no JVM)."""
 
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage: Storage = field(default_factory=Storage)
 
     def __post_init__(self) -> None:
         from lakeprop.client.lake import Lake
 
-        self.lake = Lake(self.storage_options)
+        self.lake = Lake(self.storage)
 
     def version(self, path: str) -> int | None:
         if not self.lake.exists(path):

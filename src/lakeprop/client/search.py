@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lakeprop.client.lake import Lake, local_times
+from lakeprop.client.lake import Lake, local_times, storage_of
 from lakeprop.client.reads import StateReader
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Bm25, Tokenizer
@@ -84,7 +84,7 @@ def search(
     primary_key = list(options["primary_key"])
     if spark is not None:
         return _spark_search(spark, config, key, options, terms, limit, fields, params)
-    lake = Lake(config.engine.native_storage_options)
+    lake = Lake(storage_of(config))
     path = table_path(config, *target_table(key, options))
     if not lake.exists(path):
         raise SearchError(f"the index of {key} is not built yet")

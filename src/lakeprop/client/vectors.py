@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lakeprop.client.lake import Lake, local_times, scan
+from lakeprop.client.lake import Lake, local_times, scan, storage_of
 from lakeprop.client.search import SearchError, bm25, job_options, table_path
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Tokenizer
@@ -151,7 +151,7 @@ class VectorSearch:
     def for_job(cls, config: AppConfig, key: JobKey) -> VectorSearch:
         """The searcher of a job, found in the catalog (without Spark)."""
         options = job_options(config, key, "vector_index")
-        lake = Lake(config.engine.native_storage_options)
+        lake = Lake(storage_of(config))
         return cls(_location(config, key, options), options, lake)
 
     def live(self) -> tuple[int, dict[str, Any], ivf.Vectors]:
@@ -294,7 +294,7 @@ def hybrid_search(
     terms = Tokenizer.from_options(text_options["tokenizer"]).terms(query)
     text_ranking: list[tuple[Any, ...]] = []
     if terms:
-        lake = Lake(config.engine.native_storage_options)
+        lake = Lake(storage_of(config))
         path = table_path(config, *target_table(text_job, text_options))
         text_ranking = [doc for doc, _ in bm25(lake, path, key, terms, limit=depth)]
     vector_ranking = [

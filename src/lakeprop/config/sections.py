@@ -79,11 +79,18 @@ class StateConfig:
     """The streaming query's checkpoint (the change log's offsets) and the instance lock."""
     lock_wait: float = duration(20.0)
     """Seconds a start waits for the checkpoint's lock held by another process (a
-    crashed instance may still be exiting) before it refuses."""
+    crashed instance may still be exiting) before it refuses; on a lease (a
+    checkpoint on object storage) at least ``lease_ttl`` and a renewal more, the
+    time a crashed holder's lease takes to go stale."""
+    lease_ttl: float = duration(60.0)
+    """A checkpoint on object storage or another Hadoop file system is held by a lease
+    renewed every quarter of this; one not renewed for this long is stale and is
+    taken over (so a restart after a crash waits this long at most)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "location", absolute(self.location))
         object.__setattr__(self, "checkpoint_location", absolute(self.checkpoint_location))
+        positive(self.lease_ttl, "state.lease_ttl")
 
     def table_path(self, name: str) -> str:
         return f"{self.location.rstrip('/')}/{name}"

@@ -59,6 +59,7 @@ from pyspark.sql.types import StructType
 from lakeprop.changes import Bounds, latest_change_per_key
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import JobKey, target_table
+from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
 
 if TYPE_CHECKING:
@@ -98,8 +99,8 @@ class ConsumerContext:
     """The engine's last change per key of this member's change set, computed
     once for every consumer of the iteration with the same key and start and
     held (checkpointed); None where nothing holds it (:meth:`latest_changes`)."""
-    storage_options: Mapping[str, str] = field(default_factory=dict)
-    """How delta-rs reaches the tables (``engine.native_storage_options``), for
+    storage: Storage = field(default_factory=Storage)
+    """How delta-rs reaches the tables (:meth:`Storage.options` per location), for
     ``apply_changes_native``."""
     key_bounds: Bounds | None = None
     """Least and greatest value, in this member's change set, of the key columns

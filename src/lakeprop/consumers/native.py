@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakeprop.errors import ErrorCode, PermanentError
 from lakeprop.identifiers import validate_identifier
+from lakeprop.storage import Storage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -85,10 +86,11 @@ def available() -> bool:
     return True
 
 
-def open_table(location: str, storage_options: Mapping[str, str]) -> DeltaTable:
+def open_table(location: str, storage: Storage) -> DeltaTable:
+    """``location`` opened with delta-rs, reached as ``storage`` says (:mod:`lakeprop.storage`)."""
     from deltalake import DeltaTable
 
-    return DeltaTable(_uri(location), storage_options=dict(storage_options) or None)
+    return DeltaTable(_uri(location), storage_options=storage.options(location) or None)
 
 
 def _uri(location: str) -> str:

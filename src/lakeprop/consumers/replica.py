@@ -145,7 +145,7 @@ class ReplicaConsumer(Consumer):
         if changes.num_rows == 0:
             return 0
         target = self.require_target()
-        table = native.open_table(target.location(), self.context.storage_options)
+        table = native.open_table(target.location(), self.context.storage)
         if native.applied(table, self.context.txn_app_id, to_version):
             return 0  # written before a crash: the watermark catches up
         latest = latest_change_per_key_arrow(changes, self.key)

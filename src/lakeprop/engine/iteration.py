@@ -84,6 +84,8 @@ def run_iteration(
                 where = f"delta-rs could not read the changes: {exc}"
         if not isinstance(where, NativePlan):
             log.debug("iteration %s runs on Spark: %s", plan.iteration_id, where)
+            if where is not None and plan.kind is IterationKind.TAIL:
+                result.path_note = where
             _on_spark(spark, plan, jobs, source, tables, token, fan_out, small_rows, result)
     except Exception as exc:
         fail_the_rest(result, jobs, source, exc, token)

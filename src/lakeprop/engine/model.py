@@ -141,6 +141,8 @@ class IterationResult:
     """The part of its queue wait during which its account was paused by backpressure."""
     path: str = "spark"
     """``native`` when delta-rs ran it in the driver (:mod:`lakeprop.engine.native`)."""
+    path_note: str = ""
+    """Why a tail ran on Spark rather than natively (the jobs' status shows it)."""
 
     @property
     def outcome(self) -> str:

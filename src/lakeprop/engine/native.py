@@ -7,8 +7,10 @@ these hold (:func:`plan_native`), and on Spark otherwise:
 * its change set, estimated from the commits' operation metrics before anything
   is read, is at most ``engine.native_max_rows`` rows;
 * the source and every target open with delta-rs (the storage is reachable from
-  the driver with ``engine.native_storage_options``), and delta-rs writes every
-  feature each target's protocol uses.
+  the driver: :meth:`lakeprop.storage.Storage.options`), the targets' commits
+  exclude Spark's (:meth:`lakeprop.storage.Storage.safety`: not so on S3 without
+  lakeprop's log store), and delta-rs writes every feature each target's
+  protocol uses.
 
 A native iteration reads the change set once (delta-rs ``load_cdf``: no Spark
 job) and hands it, as Arrow, to each member's ``apply_changes_native``, which
@@ -20,7 +22,7 @@ same. The history records which path each iteration took (``path``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,7 @@ from lakeprop.engine.model import (
 )
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
+from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import Tables
 
@@ -57,7 +60,8 @@ class NativeSettings:
 
     mode: str = "auto"
     max_rows: int = 10_000
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage: Storage = field(default_factory=Storage)
+    """How delta-rs reaches the tables, and whether its commits exclude Spark's there."""
 
     @property
     def enabled(self) -> bool:
@@ -128,7 +132,7 @@ def plan_native(
     if rows > settings.max_rows:
         return f"more than {settings.max_rows} change rows (engine.native_max_rows)"
     try:
-        read = native.open_table(source, settings.storage_options)
+        read = native.open_table(source, settings.storage)
         unread = native.readable(read)
         if unread is not None:
             return f"source uses {unread}"
@@ -156,7 +160,10 @@ def _targets(
         consumer = get_consumer_type(job.spec.iteration.consumer.type).factory(context)
         target = consumer.target
         location = target.location()
-        table = native.open_table(location, settings.storage_options)
+        unsafe = _unsafe_for_delta_rs(location, settings)
+        if unsafe is not None:
+            return unsafe
+        table = native.open_table(location, settings.storage)
         blocked = native.writable(table)
         if blocked is not None:
             return f"target {target} uses {blocked}, which delta-rs does not write"
@@ -166,6 +173,12 @@ def _targets(
             return f"target {target} lacks column(s) {lacking} the source has"
         targets[job.member.job_id] = location
     return targets
+
+
+def _unsafe_for_delta_rs(location: str, settings: NativeSettings) -> str | None:
+    """Why delta-rs must not commit to ``location`` beside Spark; None when it may."""
+    safety = settings.storage.safety(location)
+    return None if safety.across_engines else f"the native path is off: {safety.why}"
 
 
 def _estimated_rows(
@@ -208,7 +221,7 @@ def run_native(
 
     assert plan.from_version is not None
     try:
-        source = native.open_table(where.source, settings.storage_options)
+        source = native.open_table(where.source, settings.storage)
         reader = source.load_cdf(
             starting_version=plan.from_version + 1, ending_version=plan.to_version
         )
@@ -256,5 +269,5 @@ def _context(
         source_columns=columns,
         change_rows=rows,
         small=True,
-        storage_options=settings.storage_options,
+        storage=settings.storage,
     )

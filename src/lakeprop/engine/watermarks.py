@@ -42,6 +42,8 @@ def status_of(result: IterationResult, member: MemberResult, retry: Retry | None
         retry=None
         if retry is None
         else RetryStatus(retry.attempts, datetime.fromtimestamp(retry.not_before).isoformat()),
+        path=result.path,
+        path_note=result.path_note,
     ).to_json()
 
 

@@ -50,6 +50,7 @@ from lakeprop.state.store import (
 from lakeprop.state.usage import UsageTable
 from lakeprop.tables.hadoop import FilesFor
 from lakeprop.tables.resolve import Tables
+from lakeprop.tables.stores import check_storage, session_storage, written_locations
 from lakeprop.tenants import Tenants
 
 if TYPE_CHECKING:
@@ -80,6 +81,14 @@ class PropagationApp:
         config = instance_config(config)
         self.spark = spark
         self.config = config
+        self.storage = session_storage(spark, config)
+        self.native_off = check_storage(
+            spark,
+            self.storage,
+            written_locations(spark, config),
+            cluster=config.cluster.enabled,
+        )
+        """Where the native path is off: commits there do not exclude delta-rs."""
         self.seat: Seat | None = None
         self.ownership: SoleOwner = SoleOwner()
         shared: SharedWrites | None = None
@@ -131,8 +140,13 @@ class PropagationApp:
         self.query_failures = 0
         """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
         self.lock = CheckpointLock(
-            spark, config.state.checkpoint_location, wait=config.state.lock_wait
+            spark,
+            config.state.checkpoint_location,
+            ttl=config.state.lease_ttl,
+            wait=config.state.lock_wait,
         )
+        if not self.lock.local:  # a crashed holder's lease is stale only after its ttl
+            self.lock.wait = max(self.lock.wait, config.state.lease_ttl * 1.25)
         self._locked = False
         notifications = config.notifications
         self.dirty = DirtyTables(notifications.sweep_interval) if notifications.enabled else None
@@ -165,6 +179,7 @@ class PropagationApp:
                 observer=Unobserved() if self.metrics is None else self.metrics.reported,
                 log_empty=self.offsets.empty,
                 ownership=self.ownership,
+                storage=self.storage,
             )
         )
         if self.metrics is not None:

@@ -74,6 +74,7 @@ from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, OutcomeTables
 from lakeprop.state.status import JobState
 from lakeprop.state.usage import UsageTable
+from lakeprop.storage import Storage
 from lakeprop.tables.resolve import Tables
 from lakeprop.tenants import Tenants
 
@@ -110,6 +111,8 @@ class RunnerParts:
     collected: no Spark job); see :class:`~lakeprop.service.stream.ChangelogOffsets`."""
     ownership: SoleOwner = field(default_factory=SoleOwner)
     """Which tables this instance serves (all of them, unless ``cluster.enabled``)."""
+    storage: Storage = field(default_factory=Storage)
+    """How delta-rs reaches the tables, and where its commits exclude Spark's."""
 
 
 class Runner:
@@ -148,9 +151,7 @@ class Runner:
             parts.scheduler.accounts,
             parts.ownership.leads,
         )
-        self.native = NativeSettings(
-            engine.small_iterations, engine.native_max_rows, engine.native_storage_options
-        )
+        self.native = NativeSettings(engine.small_iterations, engine.native_max_rows, parts.storage)
         """How small tails run natively (:mod:`lakeprop.engine.native`)."""
         self.ownership = parts.ownership
         self.retries: dict[JobRef, Retry] = {}

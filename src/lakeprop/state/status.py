@@ -60,6 +60,10 @@ class JobStatus:
     resync: str = ""
     consumers: tuple[ConsumerStatus, ...] = field(default_factory=tuple)
     retry: RetryStatus | None = None
+    path: str = ""
+    """``spark`` or ``native``: where the iteration ran."""
+    path_note: str = ""
+    """Why a tail ran on Spark rather than natively."""
 
     def to_json(self) -> str:
         return canonical_json(asdict(self))
