@@ -56,7 +56,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -138,6 +138,13 @@ class ChaosSettings:
     """The membership session timeout of the cluster mode's instances."""
     pause_beyond: tuple[float, float] = (1.0, 6.0)
     """A paused instance stays stopped this many seconds past its session timeout."""
+    storage: str = ""
+    """Where the state, the checkpoint and the tables live (an ``s3a://`` bucket, say);
+    empty: the work directory."""
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    """More Spark settings for every service (how to reach ``storage``)."""
+    audit: Callable[[], list[str]] | None = None
+    """What else to check at the end (every Delta log on an S3 server, say)."""
 
     def mode(self, point: str | None) -> Mode:
         return "kill" if point is None or self.kill_everywhere or point in KILL_POINTS else "raise"
@@ -268,8 +275,9 @@ class Chaos:
             topic_partitions=2,
             delivery_timeout=15.0,
         )
-        self.state = StateConfig(str(workdir / "state"), str(workdir / "checkpoint"))
-        self.warehouse = workdir / "warehouse"
+        root = (settings.storage or str(workdir)).rstrip("/")
+        self.state = StateConfig(f"{root}/state", f"{root}/checkpoint")
+        self.warehouse = f"{root}/warehouse"
         self.client = LakepropClient(self.kafka, self.state, spark)
         self.probe = DeltaLogProbe(spark)
         self.report = Report()
@@ -286,6 +294,9 @@ class Chaos:
         """The log file of each service process, by pid."""
 
     # -- set-up ---------------------------------------------------------------------------
+
+    def table_path(self, table: str) -> str:
+        return f"{self.warehouse}/chaos/{table}"
 
     def write_config(self) -> Path:
         path = self.workdir / "chaos.toml"
@@ -311,6 +322,7 @@ enabled = false
 [state]
 location = "{self.state.location}"
 checkpoint_location = "{self.state.checkpoint_location}"
+lease_ttl = "8s"
 [tables]
 resolution = "path"
 warehouse = "{self.warehouse}"
@@ -322,7 +334,7 @@ iteration_timeout = "120s"
 watermark_flush_interval = "4s"
 gc_interval = "4s"
 gc_retention = "4s"
-{cluster}{spark_toml("lakeprop-chaos", master)}"""
+{cluster}{spark_toml("lakeprop-chaos", master, self.settings.spark_conf)}"""
         )
         return path
 
@@ -331,7 +343,7 @@ gc_retention = "4s"
         for i, table in enumerate(TABLES):
             builder = (
                 DeltaTable.create(self.spark)
-                .location(str(self.warehouse / "chaos" / table))
+                .location(self.table_path(table))
                 .addColumns(self.spark.createDataFrame([], SCHEMA).schema)
                 .property("delta.enableChangeDataFeed", "true")
             )
@@ -401,7 +413,7 @@ gc_retention = "4s"
     # -- the workload ---------------------------------------------------------------------
 
     def commit(self, table: str, op: str | None = None) -> None:
-        path = str(self.warehouse / "chaos" / table)
+        path = self.table_path(table)
         live = self.live_rows[table]
         rng = self.rng
         op = op or (
@@ -951,7 +963,7 @@ gc_retention = "4s"
         )
 
     def version(self, table: str) -> int:
-        version = self.probe.latest_version(str(self.warehouse / "chaos" / table))
+        version = self.probe.latest_version(self.table_path(table))
         assert version is not None, table
         return version
 
@@ -985,6 +997,8 @@ gc_retention = "4s"
         )
 
         self.fold_bulks()
+        if self.settings.audit is not None:
+            self.report.differences += self.settings.audit()
         for r in self._state(state.HISTORY_TABLE).groupBy("path").count().collect():
             self.report.paths[r["path"]] = r["count"]
         if self.settings.instances:
@@ -1064,15 +1078,15 @@ gc_retention = "4s"
         source = (
             self.spark.read.format("delta")
             .option("versionAsOf", version)
-            .load(str(self.warehouse / "chaos" / key.table))
+            .load(self.table_path(key.table))
         )
         target = self.spark.read.format("delta").load(
-            str(self.warehouse / "chaos" / f"{key.table}_{key.job_name}")
+            self.table_path(f"{key.table}_{key.job_name}")
         )
         kind = consumer["type"]
         if kind == "auto_cdc":
             scd = consumer["options"].get("stored_as_scd_type", 1)
-            path = str(self.warehouse / "chaos" / key.table)
+            path = self.table_path(key.table)
             columns = ["id", "name", "amount", "body"]
             columns += ["__SEQUENCE"] if scd == 1 else ["__START_AT", "__END_AT"]
             want = [
@@ -1088,7 +1102,7 @@ gc_retention = "4s"
             want, actual = rows(source.select("name", "id")), rows(target.select("name", "id"))
         elif kind == "vector_index":
             index = self.spark.read.format("delta").load(
-                str(self.warehouse / "chaos" / f"{key.table}_{key.job_name}__index")
+                self.table_path(f"{key.table}_{key.job_name}__index")
             )
             live = index.where("live").select("index_version")
             want = rows(source.where("emb IS NOT NULL").select("id", "emb"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -10,6 +11,7 @@ from pyspark.sql import SparkSession
 from lakeprop.config import SparkConfig
 from lakeprop.session import build_session
 from lakeprop.stack import STACKS
+from lakeprop.storage import CONDITIONAL_PUT_LOG_STORE
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = STACKS[os.environ.get("LAKEPROP_STACK", "default")]
@@ -39,6 +41,9 @@ TEST_CONF = {
     # of each (with its snapshot's plans) for an hour, up to 10,000 of them: in
     # one 2 GB driver that nearly filled the heap long before the suite ended.
     "spark.databricks.delta.delta.log.cacheSize": "64",
+    # Commits to s3a:// exclude every other writer (the S3 tests' server; the jar
+    # is among the stack's jars): what a deployment on S3 sets.
+    "spark.delta.logStore.s3a.impl": CONDITIONAL_PUT_LOG_STORE,
 }
 
 
@@ -69,10 +74,14 @@ def local_session(app_name: str = "lakeprop-tests", metastore: Path | None = Non
     )
 
 
-def spark_toml(app_name: str, master: str = "local[2]") -> str:
+def spark_toml(
+    app_name: str, master: str = "local[2]", more: Mapping[str, str] | None = None
+) -> str:
     """The ``[spark]`` sections of a config file for a child process (a killed
-    service, a notebook kernel): the settings of the tests' own session."""
-    conf = "".join(f'"{key}" = "{value}"\n' for key, value in TEST_CONF.items())
+    service, a notebook kernel): the settings of the tests' own session, and
+    ``more`` (how to reach an S3 server, say)."""
+    settings = {**TEST_CONF, **(more or {})}
+    conf = "".join(f'"{key}" = "{value}"\n' for key, value in settings.items())
     return (
         f'[spark]\napp_name = "{app_name}"\nmaster = "{master}"\n'
         f'jars_dir = "{JARS}"\n[spark.conf]\n{conf}'

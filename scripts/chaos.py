@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devkit.chaos import Chaos, ChaosSettings  # noqa: E402
+from devkit.s3 import LocalS3, log_audit, with_hadoop_conf  # noqa: E402
 from devkit.spark import local_session  # noqa: E402
 from lakeprop import faults  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
@@ -43,6 +46,12 @@ def main() -> int:
     parser.add_argument(
         "--events", type=int, default=6, help="kills and pauses in the cluster mode, per round"
     )
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="keep the state, the checkpoint and the tables on a local S3 API server "
+        "(S3Proxy) and check every Delta log on it for an overwritten or missing commit",
+    )
     parser.add_argument("--workdir", help="keep state and cycle logs here (default: a temp dir)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -57,9 +66,20 @@ def main() -> int:
     )
     spark = local_session("lakeprop-chaos-checker")
     broker = LocalKafka(workdir / "kafka").start()
+    s3 = LocalS3(workdir / "s3").start() if args.s3 else None
     try:
+        if s3 is not None:
+            with_hadoop_conf(spark, s3.hadoop_conf())
+            settings = replace(
+                settings,
+                storage=s3.create_bucket("chaos") + "/run",
+                spark_conf=s3.spark_conf(),
+                audit=functools.partial(log_audit, s3),
+            )
         report = Chaos(spark, workdir / "run", broker.bootstrap_servers, settings).run()
     finally:
+        if s3 is not None:
+            s3.stop()
         broker.stop()
         spark.stop()
     print(report.summary())

@@ -14,6 +14,7 @@ from typing import TypeVar
 import pytest
 from pyspark.sql import SparkSession
 
+from devkit.s3 import LocalS3, with_hadoop_conf
 from devkit.spark import local_session
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
 from lakeprop.dev.localkafka import LocalKafka
@@ -60,6 +61,32 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterator[LocalS3]:
+    """A real S3 API server on a free 127.0.0.1 port, which the tests' session reaches
+    over ``s3a://`` (and over ``s3://``, mapped to S3A without lakeprop's log store:
+    a scheme whose commits do not exclude other writers)."""
+    server = LocalS3(tmp_path_factory.mktemp("s3")).start()
+    with_hadoop_conf(
+        spark,
+        {
+            **server.hadoop_conf(),
+            "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+            "fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+        },
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3: LocalS3) -> str:
+    """A fresh bucket of the S3 server, as an ``s3a://`` URI."""
+    return s3.create_bucket(f"t-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture
