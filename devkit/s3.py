@@ -74,8 +74,13 @@ class Request:
 
     @property
     def key(self) -> str:
-        """``bucket/key`` (no query)."""
-        return urllib.parse.unquote(self.target.partition("?")[0].lstrip("/"))
+        """``bucket/key`` (no query); for a listing, ``bucket/prefix``."""
+        path, _, query = self.target.partition("?")
+        key = urllib.parse.unquote(path.lstrip("/"))
+        if self.kind == "LIST":
+            prefix = urllib.parse.parse_qs(query).get("prefix", [""])[0]
+            key = f"{key.rstrip('/')}/{prefix}" if prefix else key
+        return key
 
 
 def request_kind(method: str, target: str) -> str:
@@ -239,6 +244,15 @@ class LocalS3:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+S3_AS_S3A_WITHOUT_LOG_STORE = {
+    "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+    "fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+}
+"""``s3://`` served by S3A too: with no ``spark.delta.logStore.s3.impl`` set, Delta
+commits there through its default S3 log store (absent-then-write), the store whose
+commits exclude no other writer."""
 
 
 def with_hadoop_conf(spark: object, conf: Mapping[str, str]) -> None:

@@ -14,7 +14,7 @@ from typing import TypeVar
 import pytest
 from pyspark.sql import SparkSession
 
-from devkit.s3 import LocalS3, with_hadoop_conf
+from devkit.s3 import S3_AS_S3A_WITHOUT_LOG_STORE, LocalS3, with_hadoop_conf
 from devkit.spark import local_session
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
 from lakeprop.dev.localkafka import LocalKafka
@@ -71,11 +71,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterato
     server = LocalS3(tmp_path_factory.mktemp("s3")).start()
     with_hadoop_conf(
         spark,
-        {
-            **server.hadoop_conf(),
-            "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
-            "fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
-        },
+        {**server.hadoop_conf(), **S3_AS_S3A_WITHOUT_LOG_STORE},
     )
     try:
         yield server

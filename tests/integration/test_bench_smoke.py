@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from bench.run import BENCHMARKS, SIZES
+from devkit.s3 import LocalS3
 from lakeprop.dev.localkafka import LocalKafka
 
 pytestmark = pytest.mark.integration
@@ -32,9 +33,16 @@ RUNS = [(name, {}) for name in sorted(BENCHMARKS) if name not in VARIANTS | BY_H
     ids=[name + "".join(f"-{k}={v}" for k, v in o.items()) for name, o in RUNS],
 )
 def test_a_benchmark_runs_and_both_sides_agree(
-    name: str, overrides: dict[str, int], spark: SparkSession, kafka: LocalKafka, tmp_path: Path
+    name: str,
+    overrides: dict[str, int],
+    spark: SparkSession,
+    kafka: LocalKafka,
+    s3: LocalS3,
+    tmp_path: Path,
 ) -> None:
-    sizes = SIZES["smoke"][name] | overrides
+    sizes: dict[str, object] = SIZES["smoke"][name] | overrides
+    if name == "object_storage":
+        sizes["s3"] = s3  # the session's server: the session reaches one at a time
     result = BENCHMARKS[name](spark, tmp_path, kafka.bootstrap_servers, **sizes)
     print(result.show())
     assert result.checks and all(result.checks.values()), result.show()

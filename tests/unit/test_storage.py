@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from devkit.s3 import Request
 from lakeprop.storage import CONDITIONAL_PUT_LOG_STORE, DYNAMODB_LOG_STORE, Storage, scheme
 
 S3A_CONF = {
@@ -116,3 +117,11 @@ def test_delta_reads_the_log_store_without_the_spark_prefix_too() -> None:
         }
     )
     assert not both.safety("s3a://lake/t").across_engines
+
+
+def test_the_test_servers_request_log_names_what_each_request_touched() -> None:
+    listing = Request("GET", "/bkt?list-type=2&prefix=w%2Fdb%2Ft1%2F_delta_log%2F&delimiter=%2F")
+    assert (listing.kind, listing.key) == ("LIST", "bkt/w/db/t1/_delta_log/")
+    head = Request("HEAD", "/bkt/w/db/t1/_delta_log/00000000000000000002.json")
+    assert (head.kind, head.key) == ("HEAD", "bkt/w/db/t1/_delta_log/00000000000000000002.json")
+    assert Request("GET", "/bkt").kind == "LIST"
