@@ -11,7 +11,10 @@
 #       and Delta + the Kafka connector by Maven coordinates (--packages, chosen for the
 #       installed PySpark by lakeprop.stack), or, with --jars-dir DIR, the jars in DIR
 #       (pre-fetched: no Ivy resolution at submit; `scripts/setup.sh` leaves them in
-#       .cache/jars).
+#       .cache/jars). Either way lakeprop's Delta log store for S3 travels with
+#       --jars (it is built by setup, not on Maven Central): with it in
+#       spark.delta.logStore.s3a.impl (conf/cluster.toml) commits on S3 exclude every
+#       other writer (docs: operations/object-storage).
 #
 #   LAKEPROP_STACK=floor runs on the floor stack (.venv-floor and its jars).
 set -euo pipefail
@@ -55,12 +58,14 @@ else
   # The wheel and its one pure-Python dependency (metrics) travel as --py-files.
   rm -rf dist && "$VENV/bin/pip" wheel -q --no-deps -w dist . "prometheus-client==0.26.0"
   PY_FILES="$(ls dist/*.whl | paste -sd, -)"
+  LOGSTORE_JAR="$ROOT/.cache/build/logstore/lakeprop-logstore-1.0.0.jar"
   if [ -n "$JARS_DIR" ]; then
     JARS="$(ls "$JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)"
     [ -n "$JARS" ] || { echo "spark-submit.sh: no jars in $JARS_DIR" >&2; exit 1; }
+    [ -f "$JARS_DIR/$(basename "$LOGSTORE_JAR")" ] || JARS="$JARS,$LOGSTORE_JAR"
     SUBMIT+=(--jars "$JARS")
   else
-    SUBMIT+=(--packages "$PACKAGES")
+    SUBMIT+=(--packages "$PACKAGES" --jars "$LOGSTORE_JAR")
   fi
   SUBMIT+=(--py-files "$PY_FILES" --files "$CONFIG")
   if [ "$DEPLOY_MODE" = "cluster" ]; then
