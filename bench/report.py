@@ -38,6 +38,7 @@ from bench import (  # noqa: E402
     latency,
     many,
     membership,
+    object_storage,
     recent,
     registration,
     results,
@@ -60,6 +61,7 @@ SECTIONS = (
     (membership.TITLE, membership),
     (failover.TITLE, failover),
     (scale_out.TITLE, scale_out),
+    (object_storage.TITLE, object_storage),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""
 
@@ -91,6 +93,7 @@ TARGETS = {
     ("auto cdc scd1", "speed vs DIY"): "≥ 1",
     ("small tail", "one-row tail"): "≤ 0.2 s",
     ("many", "idle file-system operations on tables"): "0",
+    ("object storage", "table requests per idle tick, notifications on"): "0",
     ("many", "trickle commit to sink p50"): "≤ 1.5 s",
     ("vector index", "recall@10 at the default nprobe"): "≥ 0.95",
     ("vector index", "digits recall@10, default"): "≥ 0.95",

@@ -31,6 +31,7 @@ from bench import (  # noqa: E402
     latency,
     many,
     membership,
+    object_storage,
     recent,
     registration,
     results,
@@ -63,6 +64,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "membership": {"tables": 5000},
         "failover": {"tables": 3, "kills": 1},
         "scale_out": {"jobs": 50, "tables": 10},
+        "object_storage": {"jobs": 50, "ticks": 3, "rows": 200, "repeats": 1},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -82,6 +84,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "membership": {"tables": 100_000},
         "failover": {"tables": 12, "kills": 10},
         "scale_out": {"jobs": 20_000, "tables": 4_000},
+        "object_storage": {"jobs": 1000, "ticks": 20, "rows": 1000, "repeats": 5},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -107,6 +110,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "membership": {"tables": 100_000},
         "failover": {"tables": 12, "kills": 10},
         "scale_out": {"jobs": 20_000, "tables": 4_000},
+        "object_storage": {"jobs": 1000, "ticks": 30, "rows": 1000, "repeats": 9},
     },
 }
 
@@ -128,6 +132,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "membership": membership.run,
     "failover": failover.run,
     "scale_out": scale_out.run,
+    "object_storage": object_storage.run,
 }
 
 
