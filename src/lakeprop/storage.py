@@ -2,7 +2,7 @@
 
 Delta commits version ``N`` of a table by creating ``_delta_log/N.json`` only if it
 is absent. Whether that "only if" holds between two writers depends on the store
-and on the log store each engine commits through (:func:`commit_safety`):
+and on the log store each engine commits through (:meth:`Storage.safety`):
 
 ============  ==========================================  ==========  ==========
 store         Spark's log store                           instances   delta-rs
@@ -146,7 +146,15 @@ class Storage:
                 f"{location} is Azure Blob storage, where Delta's commits exclude writers "
                 "only inside one Spark application: use ADLS Gen2 (abfss://)",
             )
-        return CommitSafety(location, True, True)
+        if kind in EXCLUSIVE_SCHEMES:
+            return CommitSafety(location, True, True)
+        return CommitSafety(
+            location,
+            True,
+            False,
+            f"lakeprop does not know whether delta-rs's commits to {kind}:// exclude "
+            "Spark's (the native path is off there)",
+        )
 
     def _s3_safety(self, location: str, kind: str) -> CommitSafety:
         store = self.log_store(location)

@@ -69,6 +69,7 @@ def test_https_by_default_and_no_credentials_unless_set() -> None:
         ("s3a://lake/t", DYNAMODB_LOG_STORE, True, False),
         ("wasbs://c@a.blob.core.windows.net/t", "", False, False),
         ("dbfs:/lake/t", "", True, False),
+        ("oss://lake/t", "", True, False),  # a store lakeprop knows nothing of: no native path
     ],
 )
 def test_commit_safety(location: str, log_store: str, instances: bool, engines: bool) -> None:
