@@ -184,6 +184,43 @@ def test_each_fallback_runs_on_spark_and_ends_equal(spark: SparkSession, tmp_pat
         )
 
 
+def test_a_delete_that_removes_a_file_with_a_deletion_vector_runs_on_spark(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A file whose row 2 a deletion vector took, then a delete of its last row: Delta
+    removes the file, and its change feed holds a delete of row 1. delta-rs 1.x reads
+    that remove's rows from the vector inverted (row 2 again), so natively the
+    replica would keep row 1."""
+    path = source_table(spark, tmp_path)
+    set_property(spark, path, "delta.enableDeletionVectors")
+    driver = HandDriven(
+        spark,
+        str(tmp_path),
+        JobKey(1, "p", "src", "copy"),
+        JOBS["copy"][0],
+        native=NativeSettings(),
+    )
+    spark.createDataFrame([(i, "g", i, "b") for i in range(1, 4)], SCHEMA).coalesce(1).write.format(
+        "delta"
+    ).mode("append").save(path)
+    driver.snapshot(latest_version(spark, path))
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 2")
+    assert driver.tail(latest_version(spark, path)).path == "native"  # a vector: delta-rs reads it
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id IN (1, 3)")
+    tail = driver.tail(latest_version(spark, path))
+    assert_df_equality(
+        driver.read().select(*JOBS["copy"][1]),
+        spark.read.format("delta").load(path),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert (tail.path, tail.path_note) == (
+        "spark",
+        f"commit {latest_version(spark, path)} of the source removes a file with a deletion "
+        "vector, whose change rows delta-rs reads wrong",
+    )
+
+
 def test_the_service_runs_small_tails_natively_and_records_the_path(
     spark: SparkSession, app_config: AppConfig
 ) -> None:

@@ -158,3 +158,9 @@ def test_an_overwrite_counts_the_rows_it_removed_or_says_it_cannot(tmp_path: Pat
     assert PROBE.commit_changes(location, 1) == CommitChanges(5, False, exact=False)
     assert PROBE.commit_changes(location, 2) == CommitChanges(100_005, False, exact=True)
     assert PROBE.commit_changes(location, 3) == CommitChanges(0, False, exact=True)
+    vector = {"storageType": "u", "pathOrInlineDv": "ab", "offset": 1, "sizeInBytes": 36}
+    delete = {"commitInfo": {"operation": "DELETE", "operationMetrics": {"numDeletedRows": "1"}}}
+    commit(4, delete, {"remove": {**counted, "deletionVector": vector}})
+    assert PROBE.commit_changes(location, 4) == CommitChanges(
+        1, False, exact=True, vectored_removes=True
+    )

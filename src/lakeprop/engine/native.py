@@ -124,11 +124,8 @@ def plan_native(
     except Exception as exc:  # a metastore table without a location
         return f"source location: {exc}"
     rows = _estimated_rows(spark, source, plan, settings.max_rows)
-    if rows is None:
-        return (
-            "a commit of the range changes the table's metadata, removes files whose rows "
-            "its log does not count, or its file is gone"
-        )
+    if isinstance(rows, str):
+        return rows
     if rows > settings.max_rows:
         return f"more than {settings.max_rows} change rows (engine.native_max_rows)"
     try:
@@ -183,19 +180,29 @@ def _unsafe_for_delta_rs(location: str, settings: NativeSettings) -> str | None:
 
 def _estimated_rows(
     spark: SparkSession, location: str, plan: IterationPlan, bound: int
-) -> int | None:
+) -> int | str:
     """Change rows of the range from the commits' metrics (one commit file each),
-    stopping as soon as the bound is passed; None when a commit cannot tell (an
-    overwrite whose removed rows nothing counts: 100 M deleted rows are not a
-    small change set, whatever it wrote), or changes the table's metadata (Spark
-    reads a change feed across a schema change, or refuses to, as Delta defines)."""
+    stopping as soon as the bound is passed; or why a commit rules the native path
+    out: it cannot tell (an overwrite whose removed rows nothing counts: 100 M
+    deleted rows are not a small change set, whatever it wrote), it changes the
+    table's metadata (Spark reads a change feed across a schema change, or refuses
+    to, as Delta defines), or delta-rs would read its change rows wrong."""
     assert plan.from_version is not None
     probe = DeltaLogProbe(spark)
     total = 0
     for version in range(plan.from_version + 1, plan.to_version + 1):
         commit = probe.commit_changes(location, version)
-        if commit is None or commit.metadata or not commit.exact:
-            return None
+        if commit is None:
+            return f"commit {version} of the source is gone"
+        if commit.metadata:
+            return f"commit {version} of the source changes its metadata"
+        if not commit.exact:
+            return f"commit {version} of the source removes files whose rows its log does not count"
+        if commit.vectored_removes:
+            return (
+                f"commit {version} of the source removes a file with a deletion vector, "
+                "whose change rows delta-rs reads wrong"
+            )
         total += commit.rows
         if total > bound:
             return total

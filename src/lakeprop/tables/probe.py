@@ -46,6 +46,10 @@ class CommitChanges:
     """False when it removed files whose rows neither its metrics nor the files'
     statistics count (an overwrite's removed files carry no statistics): their rows
     are deletes of the change feed that ``rows`` leaves out."""
+    vectored_removes: bool = False
+    """It removed a file that carries a deletion vector (a delete that takes a file's
+    last live rows): delta-rs 1.x reads the change rows of such a remove from the
+    vector inverted, the rows deleted before instead of the ones deleted now."""
 
 
 COUNTED = ("numTargetRowsInserted", "numUpdatedRows", "numDeletedRows")
@@ -201,6 +205,7 @@ class DeltaLogProbe:
         added = removed = 0
         uncounted = False
         metadata = False
+        vectored = False
         for line in files.lines(path):
             if line.startswith('{"commitInfo"'):
                 metrics = json.loads(line)["commitInfo"].get("operationMetrics") or {}
@@ -210,6 +215,7 @@ class DeltaLogProbe:
                     added += int(json.loads(add["stats"]).get("numRecords", 0))
             elif line.startswith('{"remove"'):
                 remove = json.loads(line)["remove"]
+                vectored = vectored or bool(remove.get("deletionVector"))
                 if remove.get("dataChange", True):
                     stats = remove.get("stats")
                     if stats and "numRecords" in json.loads(stats):
@@ -219,7 +225,9 @@ class DeltaLogProbe:
             elif line.startswith('{"metaData"') or line.startswith('{"protocol"'):
                 metadata = True
         exact = not uncounted or any(name in metrics for name in COUNTED)
-        return CommitChanges(estimate_change_rows(metrics, added, removed), metadata, exact)
+        return CommitChanges(
+            estimate_change_rows(metrics, added, removed), metadata, exact, vectored
+        )
 
     def commit_time(self, location: str, version: int) -> float | None:
         """When commit ``version`` was made (its ``commitInfo`` timestamp, in epoch
