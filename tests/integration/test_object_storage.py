@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import count, lit, udf
 from pyspark.sql.functions import sum as sum_
 
+from devkit.chaos import postings
 from devkit.harness import cdf_source, history, latest_version, running, wait_for_watermark
 from devkit.iterations import HandDriven
 from devkit.s3 import LocalS3, log_audit
@@ -58,6 +59,7 @@ CONSUMERS = {
         },
     },
     "latest": {"type": "auto_cdc", "options": {"keys": ["id"], "source_kind": "table"}},
+    "text": {"type": "fulltext_index", "options": {"columns": ["body"], "primary_key": ["id"]}},
 }
 
 
@@ -182,8 +184,8 @@ def test_the_service_on_object_storage_keeps_its_targets_exact_across_a_restart(
     spark: SparkSession, app_config: AppConfig, bucket: str
 ) -> None:
     """State, checkpoint and tables on the S3 server; a replica and an index (small
-    tails with delta-rs on ``s3a://``), an aggregate view and an ``auto_cdc`` table
-    (on Spark); the service stops, the source changes, it starts again on its
+    tails with delta-rs on ``s3a://``), an aggregate view, an ``auto_cdc`` table and
+    a full-text index (on Spark); the service stops, the source changes, it starts again on its
     checkpoint. Every target equals its source's query; on ``s3://`` (no log store)
     the same tail runs on Spark and says why."""
     config = replace(
@@ -238,6 +240,15 @@ def test_the_service_on_object_storage_keeps_its_targets_exact_across_a_restart(
             ignore_nullable=True,
             ignore_column_order=True,
         )
+    terms = sorted(
+        (term, r["id"], "body", len(at), at)
+        for r in source.collect()
+        for term, at in postings(r["body"]).items()
+    )
+    assert terms == sorted(
+        (r["term"], r["id"], r["field"], r["tf"], list(r["positions"]))
+        for r in target("text").collect()
+    )
     # the same tail on s3:// runs on Spark, and the result says why
     unsafe = bucket.replace("s3a://", "s3://")
     unsafe_source = f"{unsafe}/warehouse/shop/quick"
