@@ -55,6 +55,7 @@ from lakeprop.kafka import settings
 from lakeprop.membership.topics import (
     STATUS_SUFFIX,
     Claim,
+    append_to_slots,
     ensure_topics,
     group_id,
     topic_identity,
@@ -382,35 +383,16 @@ class Seat:
     def _append(self, slots: list[int], fields: dict[str, Any]) -> dict[int, int]:
         """Append a record (this seat, its writer, ``fields``) to each slot's partition
         and wait for them; the offset each got."""
-        offsets: dict[int, int] = {}
-        if not slots:
-            return offsets
-
-        def delivered(error: Any, message: Any) -> None:
-            if error is None:
-                offsets[message.partition()] = message.offset()
-            else:
-                log.warning("record of slot %s not written: %s", message.partition(), error)
-
-        record = json.dumps(
-            {
-                **fields,
-                "instance": self.instance,
-                "writer": self.writer,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-            }
-        ).encode()
-        for slot in slots:
-            self._producer.produce(
-                self.topic,
-                record,
-                key=self.instance.encode(),
-                partition=slot,
-                on_delivery=delivered,
-            )
-        self._producer.flush(self.cluster.session_timeout)
-        return offsets
+        record = {
+            **fields,
+            "instance": self.instance,
+            "writer": self.writer,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        return append_to_slots(
+            self._producer, self.topic, self.instance, slots, record, self.cluster.session_timeout
+        )
 
     def predecessors(self, claims: Iterable[Claim], timeout: float = 10.0) -> list[str]:
         """Writer ids that may still write for the claimed slots: those that claimed

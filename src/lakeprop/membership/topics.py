@@ -17,6 +17,7 @@ than rows a previous topic's owners wrote.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any
 from lakeprop.config import ClusterConfig, KafkaConfig
 from lakeprop.errors import BrokerError
 from lakeprop.kafka import admin, create_topic, settings
+
+log = logging.getLogger(__name__)
 
 STATUS_SUFFIX = ".status"
 """The status topic is the membership topic's name plus this."""
@@ -91,6 +94,34 @@ def _check_partitions(kafka: KafkaConfig, topic: str, slots: int, timeout: float
             "every instance must use the same slots, and the topic must have one partition per "
             "slot (give a new cluster.topic to change the number of slots)"
         )
+
+
+def append_to_slots(
+    producer: Any,
+    topic: str,
+    key: str,
+    slots: Iterable[int],
+    record: dict[str, Any],
+    timeout: float,
+) -> dict[int, int]:
+    """Append ``record`` to the partition of each slot and wait for them: the offset
+    each got (a slot whose record the broker did not confirm is missing)."""
+    offsets: dict[int, int] = {}
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is None:
+            offsets[message.partition()] = message.offset()
+        else:
+            log.warning("record of slot %s not written: %s", message.partition(), error)
+
+    payload = json.dumps(record).encode()
+    sent = False
+    for slot in slots:
+        producer.produce(topic, payload, key=key.encode(), partition=slot, on_delivery=delivered)
+        sent = True
+    if sent:
+        producer.flush(timeout)
+    return offsets
 
 
 def unreleased_writers(
