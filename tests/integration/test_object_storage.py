@@ -29,7 +29,14 @@ from pyspark.sql.functions import count, lit, udf
 from pyspark.sql.functions import sum as sum_
 
 from devkit.chaos import postings
-from devkit.harness import cdf_source, history, latest_version, running, wait_for_watermark
+from devkit.harness import (
+    cdf_source,
+    cdf_table,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
 from devkit.iterations import HandDriven
 from devkit.s3 import LocalS3, log_audit
 from devkit.workload import SCHEMA, Workload
@@ -41,6 +48,7 @@ from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 from lakeprop.storage import CONDITIONAL_PUT_LOG_STORE, Storage
 from lakeprop.tables.stores import check_storage, session_storage, written_locations
+from tests.integration.test_consumers import read_feed
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +56,8 @@ RACERS = 6
 SPARK_COMMITS = 3
 RUST_COMMITS_PER_SPARK_COMMIT = 2
 REPLICA = {"type": "replica", "options": {"primary_key": ["id"]}}
+VECTOR_SCHEMA = "id INT, emb ARRAY<FLOAT>"
+VECTORS = {"type": "vector_index", "options": {"key": ["id"], "vector": "emb", "lists": 2}}
 CONSUMERS = {
     "copy": REPLICA,
     "by_g": {"type": "secondary_index", "options": {"columns": ["g"], "primary_key": ["id"]}},
@@ -180,14 +190,24 @@ def test_a_log_store_that_is_not_on_the_classpath_refuses_the_start(
         check_storage(spark, storage, [f"{bucket}/state"], cluster=False)
 
 
+def write_vectors(spark: SparkSession, path: str, ids: range) -> None:
+    """Upserts vectors ``ids`` (a vector a function of its id and the batch)."""
+    rows = [(i, [float(i % 7), float(ids.start + i % 3)]) for i in ids]
+    spark.createDataFrame(rows, VECTOR_SCHEMA).createOrReplaceTempView("vectors_in")
+    spark.sql(
+        f"MERGE INTO delta.`{path}` t USING vectors_in s ON t.id = s.id "
+        "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+    )
+
+
 def test_the_service_on_object_storage_keeps_its_targets_exact_across_a_restart(
     spark: SparkSession, app_config: AppConfig, bucket: str
 ) -> None:
-    """State, checkpoint and tables on the S3 server; a replica and an index (small
-    tails with delta-rs on ``s3a://``), an aggregate view, an ``auto_cdc`` table and
-    a full-text index (on Spark); the service stops, the source changes, it starts again on its
-    checkpoint. Every target equals its source's query; on ``s3://`` (no log store)
-    the same tail runs on Spark and says why."""
+    """State, checkpoint and tables on the S3 server, a job of every consumer: a
+    replica and an index (small tails with delta-rs), an aggregate view, an
+    ``auto_cdc`` table, a full-text index, a Kafka change feed and a vector index
+    (on Spark). The service stops, the sources change, it starts again on its
+    checkpoint, and every target equals its source's query."""
     config = replace(
         app_config,
         state=replace(
@@ -200,31 +220,56 @@ def test_the_service_on_object_storage_keeps_its_targets_exact_across_a_restart(
         engine=replace(app_config.engine, small_iterations="auto"),
     )
     path = cdf_source(spark, config, "shop", "quick", SCHEMA)
+    vectors = cdf_source(spark, config, "shop", "vecs", VECTOR_SCHEMA)
     workload = Workload(spark, path, seed=3)
+    feed = {
+        "type": "kafka_changefeed",
+        "options": {
+            "topic": f"{config.kafka.topic}.feed",
+            "bootstrap_servers": config.kafka.bootstrap_servers,
+            "primary_key": ["id"],
+        },
+    }
+    jobs = {
+        JobKey(1, "shop", "quick", name): consumer
+        for name, consumer in {**CONSUMERS, "feed": feed}.items()
+    } | {JobKey(1, "shop", "vecs", "near"): VECTORS}
     client = LakepropClient(config.kafka, config.state, spark)
-    keys = {name: JobKey(1, "shop", "quick", name) for name in CONSUMERS}
-    for name, consumer in CONSUMERS.items():
+    for key, consumer in jobs.items():
         client.register_job(
-            keys[name], {"trigger": {"kind": "greedy"}, "iteration": {"consumer": consumer}}
+            key, {"trigger": {"kind": "greedy"}, "iteration": {"consumer": consumer}}
         )
+
+    def caught_up() -> None:
+        for key in jobs:
+            source = path if key.table == "quick" else vectors
+            wait_for_watermark(spark, config, key, latest_version(spark, source))
+
+    write_vectors(spark, vectors, range(0, 40))
     with running(spark, config):
-        for key in keys.values():
-            wait_for_watermark(spark, config, key, 0)
+        caught_up()
         workload.burst(1)
         workload.update()
-        for key in keys.values():
-            wait_for_watermark(spark, config, key, latest_version(spark, path))
+        write_vectors(spark, vectors, range(30, 50))
+        caught_up()
     workload.burst(1)
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id < 5")
     with running(spark, config):  # again, on the first run's checkpoint
-        for key in keys.values():
-            wait_for_watermark(spark, config, key, latest_version(spark, path))
+        caught_up()
     client.close()
     tails = history(spark, config).where("kind = 'tail'").collect()
     assert {r["path"] for r in tails} == {"native", "spark"}
+    assert_tables_follow(spark, f"{config.tables.warehouse}/shop", path)
+    assert_vectors_follow(spark, f"{config.tables.warehouse}/shop", vectors)
+    assert_feed_follows(spark, config.kafka.bootstrap_servers, feed["options"]["topic"], path)
+
+
+def assert_tables_follow(spark: SparkSession, database: str, path: str) -> None:
+    """The Delta targets of source ``quick``: each equals its query of the source."""
     source = spark.read.format("delta").load(path)
 
     def target(name: str) -> DataFrame:
-        return spark.read.format("delta").load(f"{config.tables.warehouse}/shop/quick_{name}")
+        return spark.read.format("delta").load(f"{database}/quick_{name}")
 
     expected = {
         "copy": source,
@@ -249,21 +294,61 @@ def test_the_service_on_object_storage_keeps_its_targets_exact_across_a_restart(
         (r["term"], r["id"], r["field"], r["tf"], list(r["positions"]))
         for r in target("text").collect()
     )
-    # the same tail on s3:// runs on Spark, and the result says why
-    unsafe = bucket.replace("s3a://", "s3://")
-    unsafe_source = f"{unsafe}/warehouse/shop/quick"
+
+
+def assert_vectors_follow(spark: SparkSession, database: str, path: str) -> None:
+    """The live index version's postings hold every vector of the source, once."""
+    live = spark.read.format("delta").load(f"{database}/vecs_near__index").where("live")
+    assert_df_equality(
+        spark.read.format("delta")
+        .load(f"{database}/vecs_near")
+        .join(live.select("index_version"), "index_version")
+        .select("id", "emb"),
+        spark.read.format("delta").load(path).select("id", "emb"),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+def assert_feed_follows(spark: SparkSession, bootstrap: str, topic: str, path: str) -> None:
+    """De-duplicated on (version, key, op), the change feed replays to the source."""
+    source = spark.read.format("delta").load(path)
+    state: dict[int, tuple[object, ...]] = {}
+    seen: set[tuple[int, int, str]] = set()
+    for _, key, value in read_feed(bootstrap, topic):
+        if (value["version"], key["id"], value["op"]) in seen:
+            continue
+        seen.add((value["version"], key["id"], value["op"]))
+        if value["op"] == "delete":
+            state.pop(key["id"], None)
+        else:
+            state[key["id"]] = tuple(value["row"][c] for c in source.columns)
+    assert_df_equality(
+        spark.createDataFrame(list(state.values()), SCHEMA), source, ignore_row_order=True
+    )
+
+
+def test_on_s3_without_the_log_store_a_small_tail_runs_on_spark_and_says_why(
+    spark: SparkSession, bucket: str
+) -> None:
+    """``s3://`` is S3A without lakeprop's log store here: delta-rs must not commit
+    beside Spark, so the tail runs on Spark, and its result says why."""
+    warehouse = bucket.replace("s3a://", "s3://") + "/warehouse"
+    path = f"{warehouse}/shop/quick"
+    cdf_table(spark, path, SCHEMA)
+    workload = Workload(spark, path, seed=5)
+    workload.burst(1)
     driver = HandDriven(
         spark,
-        f"{unsafe}/warehouse",
-        JobKey(1, "shop", "quick", "again"),
+        warehouse,
+        JobKey(1, "shop", "quick", "copy"),
         REPLICA,
-        native=NativeSettings(storage=session_storage(spark, config)),
+        native=NativeSettings(storage=session_storage(spark, AppConfig())),
     )
-    driver.snapshot(latest_version(spark, unsafe_source) - 1)
-    tail = driver.tail(latest_version(spark, unsafe_source))
+    driver.snapshot(latest_version(spark, path))
+    workload.burst(1)
+    tail = driver.tail(latest_version(spark, path))
     assert tail.path == "spark"
-    assert tail.path_note.startswith("the native path is off: commits to ")
+    assert tail.path_note.startswith(f"the native path is off: commits to {warehouse}/shop/")
     assert "S3SingleDriverLogStore" in tail.path_note
-    assert_df_equality(
-        driver.read(), spark.read.format("delta").load(unsafe_source), ignore_row_order=True
-    )
+    assert_df_equality(driver.read(), spark.read.format("delta").load(path), ignore_row_order=True)

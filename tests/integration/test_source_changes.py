@@ -22,6 +22,7 @@ from lakeprop.consumers import native
 from lakeprop.engine.model import IterationKind, IterationPlan, Member, MemberJob, TableRef
 from lakeprop.engine.native import NativePlan, NativeSettings, plan_native
 from lakeprop.spec import JobKey
+from lakeprop.storage import Storage
 from lakeprop.tables.resolve import Tables
 
 pytestmark = pytest.mark.integration
@@ -159,10 +160,10 @@ def test_tables_delta_rs_cannot_read_or_write_take_the_spark_path_and_end_equal(
     with column mapping (delta-rs reads no column-mapped change feed), targets at the
     legacy protocols (2,5) and (1,6), one with a generated column."""
     mapped = make_source(spark, tmp_path, "mapped", **{"delta.columnMapping.mode": "name"})
-    reason = native.readable(native.open_table(mapped, {}))
+    reason = native.readable(native.open_table(mapped, Storage()))
     assert reason is not None and "column mapping" in reason
     plain = make_source(spark, tmp_path, "plain")
-    assert native.readable(native.open_table(plain, {})) is None
+    assert native.readable(native.open_table(plain, Storage())) is None
 
     legacy = {
         "cm25": (
@@ -182,7 +183,7 @@ def test_tables_delta_rs_cannot_read_or_write_take_the_spark_path_and_end_equal(
     for name, (ddl, word) in legacy.items():
         target = f"{tmp_path}/t/{name}"
         spark.sql(f"CREATE TABLE delta.`{target}` {ddl}")
-        blocked = native.writable(native.open_table(target, {}))
+        blocked = native.writable(native.open_table(target, Storage()))
         assert blocked is not None and word in blocked, (name, blocked)
 
     # the source with column mapping: its replica's small tails run on Spark, equal
