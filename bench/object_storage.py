@@ -22,7 +22,6 @@ tails' replicas equal their sources.
 from __future__ import annotations
 
 import collections
-import statistics
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -30,17 +29,15 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from bench.common import Figure, Result, app_config, percentile, same_rows, stopwatch
+from bench.common import Figure, Result, app_config, percentile
 from bench.scale import synced_rows
+from bench.small_tail import one_row_tails
 from devkit.harness import SOURCE_SCHEMA as SCHEMA
-from devkit.harness import cdf_table, latest_version
-from devkit.iterations import HandDriven
+from devkit.harness import cdf_table
 from devkit.s3 import LocalS3, with_hadoop_conf
 from lakeprop.config import AppConfig
 from lakeprop.engine.native import NativeSettings
 from lakeprop.service.app import PropagationApp
-from lakeprop.spec import JobKey
-from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.stores import session_storage
 
@@ -69,29 +66,20 @@ def run(
         if own:
             with_hadoop_conf(spark, s3.hadoop_conf())
         bucket = s3.create_bucket(f"bench-{uuid.uuid4().hex[:8]}")
-        local = _idle_ticks(
-            spark, _config(workdir / "local", bootstrap_servers, None), tables, jobs, ticks, None
+        local, probed, notified = (
+            _idle_ticks(
+                spark,
+                _config(workdir / name, bootstrap_servers, root),
+                tables,
+                jobs,
+                ticks,
+                None if root is None else s3,
+            )
+            for name, root in (("local", None), ("off", f"{bucket}/off"), ("on", f"{bucket}/on"))
         )
-        probed = _idle_ticks(
-            spark,
-            _config(workdir / "off", bootstrap_servers, f"{bucket}/off"),
-            tables,
-            jobs,
-            ticks,
-            s3,
-        )
-        notified = _idle_ticks(
-            spark,
-            _config(workdir / "on", bootstrap_servers, f"{bucket}/on"),
-            tables,
-            jobs,
-            ticks,
-            s3,
-        )
-        tail_local = _tails(spark, str(workdir / "tails"), rows, repeats, None)
-        tail_s3 = _tails(
-            spark, f"{bucket}/tails", rows, repeats, session_storage(spark, AppConfig())
-        )
+        tail_local = one_row_tails(spark, str(workdir / "tails"), rows, repeats, NativeSettings())
+        on_s3 = NativeSettings(storage=session_storage(spark, AppConfig()))
+        tail_s3 = one_row_tails(spark, f"{bucket}/tails", rows, repeats, on_s3)
     finally:
         if own:
             s3.stop()
@@ -125,7 +113,9 @@ def run(
         {
             "an_idle_table_costs_no_request_with_notifications": notified.table_requests.total()
             == 0,
-            "the_tails_replicas_equal_their_sources": tail_local.equal and tail_s3.equal,
+            "the_tails_replicas_equal_their_sources": all(
+                t.native_equal and t.spark_equal for t in (tail_local, tail_s3)
+            ),
             "the_native_path_ran_on_s3": tail_s3.paths == {"native"},
         },
         baseline="the same on the local disk",
@@ -219,47 +209,3 @@ def _await_batches(app: PropagationApp, batches: int, timeout: float = 600.0) ->
         if time.monotonic() > deadline:
             raise TimeoutError(f"{app.runner.batches} micro-batches of {batches}")
         time.sleep(0.1)
-
-
-@dataclass(frozen=True)
-class _Tails:
-    native: float
-    spark: float
-    equal: bool
-    paths: set[str]
-
-
-def _tails(
-    spark: SparkSession, warehouse: str, rows: int, repeats: int, storage: Storage | None
-) -> _Tails:
-    """A one-row update to a ``rows``-row source, tailed by two replicas: natively
-    and on Spark (the first round warms both up, untimed); the medians."""
-    path = f"{warehouse}/db/src"
-    cdf_table(spark, path)
-    spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(rows)], SCHEMA).write.format(
-        "delta"
-    ).mode("append").save(path)
-    settings = NativeSettings() if storage is None else NativeSettings(storage=storage)
-    native = HandDriven(
-        spark, warehouse, JobKey(1, "db", "src", "native"), REPLICA, native=settings
-    )
-    on_spark = HandDriven(spark, warehouse, JobKey(1, "db", "src", "spark"), REPLICA, job_id=2)
-    for driver in (native, on_spark):
-        driver.snapshot(latest_version(spark, path))
-    native_s: list[float] = []
-    spark_s: list[float] = []
-    paths = set()
-    for n in range(repeats + 1):
-        spark.sql(f"UPDATE delta.`{path}` SET amount = amount + 1 WHERE id = {n * 7 % rows}")
-        version = latest_version(spark, path)
-        with stopwatch() as elapsed:
-            paths.add(native.tail(version).path)
-        if n:
-            native_s.append(elapsed[0])
-        with stopwatch() as elapsed:
-            on_spark.tail(version)
-        if n:
-            spark_s.append(elapsed[0])
-    source = spark.read.format("delta").load(path)
-    equal = same_rows(native.read(), source) and same_rows(on_spark.read(), source)
-    return _Tails(statistics.median(native_s), statistics.median(spark_s), equal, paths)
