@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The operation fuzzer: random sequences of real Delta operations on a source table
-# (inserts, updates that keep or change the key, deletes, MERGE, overwrites,
+# (inserts, updates that keep or change the key, deletes (of single rows and of
+# whole files, which removes a file with a deletion vector), MERGE, overwrites,
 # replaceWhere, truncates, RESTORE, OPTIMIZE, added columns, re-created tables) with
 # random properties (deletion vectors, column mapping, partitioning), every consumer
 # on both paths, every target compared whole with its model.

@@ -31,6 +31,7 @@ OPS = (
     "update",
     "update_key",
     "delete",
+    "delete_file",
     "merge",
     "overwrite",
     "replace_where",
@@ -40,7 +41,7 @@ OPS = (
     "add_column",
     "recreate",
 )
-WEIGHTS = (5, 3, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (5, 3, 5, 3, 2, 3, 1, 1, 1, 1, 1, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,25 @@ class Source:
     def _delete(self, keys: list[int]) -> None:
         self.spark.sql(f"DELETE FROM {self.sql} WHERE id IN ({_ints(keys)})")
 
+    def _delete_file(self, first: list[int], rest: list[int]) -> None:
+        if first:
+            self._delete(first)
+        self._delete(rest)
+
+    def files(self) -> list[tuple[list[int], bool]]:
+        """Each data file's live keys, and whether rows of it were deleted in place
+        (a deletion vector: live rows fewer than the file's highest row index; Delta
+        shows ``_metadata.row_index`` only on a table with deletion vectors)."""
+        index = F.col("_metadata.row_index") if self.shape.deletion_vectors else F.lit(-1)
+        meta = self.read().select(
+            "id", F.col("_metadata.file_path").alias("file"), index.alias("i")
+        )
+        files = meta.groupBy("file").agg(
+            F.sort_array(F.collect_list("id")).alias("keys"),
+            (F.max("i") + 1 > F.count("*")).alias("vectored"),
+        )
+        return sorted((list(r["keys"]), bool(r["vectored"])) for r in files.collect())
+
     def _merge(self, upserts: list[dict[str, Any]], deletes: list[int]) -> None:
         rows = self.frame(upserts).withColumn("_del", F.lit(False))
         if deletes:
@@ -234,6 +254,21 @@ def _merge_params(
     return {"upserts": upserts, "deletes": [k for k in some if k not in kept]}
 
 
+def _delete_file_params(
+    rng: random.Random, source: Source, keys: list[int], some: list[int], versions: int
+) -> dict[str, Any]:
+    """Delete every live row of one file, preferring a file with a deletion vector;
+    otherwise (or at random) delete part of it first, so the second delete removes a
+    file whose deletion vector the first one wrote (on a source with them)."""
+    files = source.files()
+    vectored = [k for k, dv in files if dv]
+    chosen = rng.choice(vectored or [k for k, _ in files])
+    if len(chosen) >= 2 and (not vectored or rng.random() < 0.5):
+        first = sorted(rng.sample(chosen, rng.randint(1, len(chosen) - 1)))
+        return {"first": first, "rest": [k for k in chosen if k not in first]}
+    return {"first": [], "rest": chosen}
+
+
 def _overwrite_params(
     rng: random.Random, source: Source, keys: list[int], some: list[int], versions: int
 ) -> dict[str, Any]:
@@ -260,6 +295,7 @@ DRAWERS: dict[str, Drawer] = {
         "moves": _moves(rng, source, keys, some)
     },
     "delete": lambda rng, source, keys, some, versions: {"keys": some},
+    "delete_file": _delete_file_params,
     "merge": _merge_params,
     "overwrite": _overwrite_params,
     "replace_where": _replace_where_params,
@@ -282,7 +318,7 @@ def draw(rng: random.Random, source: Source, keys: list[int], versions: int) -> 
     table has made ``versions`` versions."""
     name = rng.choices(OPS, WEIGHTS)[0]
     some = rng.sample(keys, min(len(keys), rng.randint(1, 6))) if keys else []
-    if name in ("update", "update_key", "delete") and not some:
+    if name in ("update", "update_key", "delete", "delete_file") and not some:
         name = "insert"
     if name == "restore" and versions - 1 <= source.floor:
         name = "optimize"

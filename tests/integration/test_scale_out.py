@@ -1,4 +1,4 @@
-"""Three service processes share thirty tables through the membership group.
+"""Three service processes share twelve tables through the membership group.
 
 Each instance is its own ``spark-submit.sh`` process (local master, one core),
 on the test's broker and one shared state. The test kills one (SIGKILL),
@@ -56,7 +56,6 @@ from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
 
-TABLES = 30
 SLOTS = 12
 SESSION = 6.0
 COLUMNS = ["id", "name", "amount"]
@@ -87,6 +86,17 @@ def instance(name: str, config: AppConfig, state: Path) -> Instance:
     return Instance(name, config, state, cluster_of(config))
 
 
+def one_table_per_slot() -> list[str]:
+    """Table names that hash onto every slot once, so each instance holding slots
+    holds tables."""
+    names: dict[int, str] = {}
+    for name in (f"t{i:02d}" for i in itertools.count()):
+        names.setdefault(slot_of("fleet", name, SLOTS), name)
+        if len(names) == SLOTS:
+            return sorted(names.values())
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict[str, Instance]]:
     with stopped_at_exit({name: instance(name, config, state).start() for name in names}) as run:
@@ -94,12 +104,12 @@ def instances(config: AppConfig, state: Path, names: list[str]) -> Iterator[dict
 
 
 class Fleet:
-    """The test's thirty sources, one replica job each."""
+    """The test's sources, one on each slot, one replica job each."""
 
     def __init__(self, spark: SparkSession, config: AppConfig) -> None:
         self.spark = spark
         self.config = config
-        self.names = [f"t{i:02d}" for i in range(TABLES)]
+        self.names = one_table_per_slot()
         self.paths = {name: cdf_source(spark, config, "fleet", name) for name in self.names}
         self.tables = [("fleet", name) for name in self.names]
         self._rows = iter(range(0, 10_000, 2))
