@@ -168,7 +168,12 @@ class Fuzzer:
             for _ in range(operations):
                 op = draw(rng, source, source.keys(), source.version() + 1)
                 source.apply(op)
-                steps.append((op, rng.random() < 0.5))
+                sync = rng.random() < 0.5
+                if op.name == "delete_file":  # its commits in a range of their own
+                    if steps:
+                        steps[-1] = (steps[-1][0], True)
+                    sync = True
+                steps.append((op, sync))
         if steps:
             steps[-1] = (steps[-1][0], True)
         return Case(seed, shape, steps)

@@ -15,11 +15,13 @@ from lakeprop.dev.localkafka import LocalKafka
 
 pytestmark = pytest.mark.integration
 
-SEEDS = (7,)
-"""A seed whose sequence holds updates that change keys and overwrites, on a
-partitioned source with deletion vectors, on both paths (it failed before key
-changes were followed); ``scripts/fuzz.sh`` runs the others."""
-OPERATIONS = 8
+SEEDS = (7, 1)
+"""Seed 7: updates that change keys and overwrites, on a partitioned source with
+deletion vectors (it failed before key changes were followed). Seed 1: a delete
+of a file's last live rows after a deletion vector took another row of it (on the
+delta-rs path it failed until such commits went to Spark). ``scripts/fuzz.sh``
+runs the others."""
+OPERATIONS = 5
 
 
 def test_random_real_delta_operations_leave_every_target_equal_to_its_model(
