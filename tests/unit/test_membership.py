@@ -1,4 +1,5 @@
-"""Slots and the model of the cooperative-sticky assignor (no broker needed)."""
+"""Slots, the model of the cooperative-sticky assignor, the group protocols' settings
+(no broker needed)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from lakeprop.engine.takeover import take_over
 from lakeprop.errors import InvalidConfigError
 from lakeprop.membership.assignment import movement, owners, sticky
 from lakeprop.membership.group import Seat, boot_clock
+from lakeprop.membership.protocol import consumer_settings, group_configs
 from lakeprop.membership.slots import owned_tables, slot_of, tables_by_slot
 from lakeprop.membership.topics import Claim, _unreleased
 from lakeprop.spec import JobKey, JobSpec
@@ -81,9 +83,38 @@ def test_cluster_settings_are_checked() -> None:
         {"slots": 0},
         {"heartbeat_interval": 5.0, "session_timeout": 6.0},
         {"topic": "a topic"},
+        {"group_protocol": "stream"},
     ):
         with pytest.raises(InvalidConfigError):
             ClusterConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_each_group_protocol_gets_its_own_consumer_settings() -> None:
+    classic = ClusterConfig(session_timeout=12.0, heartbeat_interval=2.0)
+    assert consumer_settings(classic, "i1", "g") == {
+        "group.id": "g",
+        "client.id": "i1",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "latest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 12000,
+        "heartbeat.interval.ms": 2000,
+    }
+    assert group_configs(classic) == {}
+    # KIP-848: librdkafka refuses the assignor and the timings; they are the group's
+    kip848 = replace(classic, group_protocol="consumer", static_membership=True)
+    assert consumer_settings(kip848, "i1", "g") == {
+        "group.id": "g",
+        "client.id": "i1",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "latest",
+        "group.instance.id": "i1",
+        "group.protocol": "consumer",
+    }
+    assert group_configs(kip848) == {
+        "consumer.session.timeout.ms": "12000",
+        "consumer.heartbeat.interval.ms": "2000",
+    }
 
 
 # -- taking a slot's jobs over ---------------------------------------------------------

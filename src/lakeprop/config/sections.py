@@ -281,6 +281,16 @@ class ClusterConfig:
     broker's ``group.min.session.timeout.ms``, 6 s by default, is the floor)."""
     heartbeat_interval: float = duration(1.0)
     """How often an instance tells the group coordinator it is alive."""
+    group_protocol: str = "classic"
+    """Kafka's group protocol for the membership group: ``classic`` (any broker) or
+    ``consumer`` (KIP-848, Kafka 4.0 and later: the broker assigns the slots, and the
+    session timeout and heartbeat interval become the group's configs, within the
+    broker's ``group.consumer.min/max.*`` bounds). Every instance uses the same."""
+    static_membership: bool = False
+    """Join as a static member (``group.instance.id`` is the instance id): an instance
+    that stops and is back within ``session_timeout`` keeps its slots, so a rolling
+    restart moves none. A stopped instance's slots then move only after the session
+    timeout: set it above the time a restart takes."""
 
     def __post_init__(self) -> None:
         if self.topic:
@@ -291,6 +301,11 @@ class ClusterConfig:
             raise InvalidConfigError(
                 f"cluster.instance_id {self.instance_id!r} must be 1-64 letters, digits, "
                 "'.', '_' or '-', starting with a letter or digit (it names a directory)"
+            )
+        if self.group_protocol not in ("classic", "consumer"):
+            raise InvalidConfigError(
+                f"cluster.group_protocol must be 'classic' or 'consumer', "
+                f"not {self.group_protocol!r}"
             )
         if not 1 <= self.slots <= 4096:
             raise InvalidConfigError(f"cluster.slots must be 1 to 4096, not {self.slots}")

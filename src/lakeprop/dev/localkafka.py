@@ -138,6 +138,9 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            # the membership group under KIP-848 runs the tests' short sessions
+            "group.consumer.min.session.timeout.ms": "6000",
+            "group.consumer.min.heartbeat.interval.ms": "1000",
         }
         path = self.data_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

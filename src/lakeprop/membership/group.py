@@ -2,7 +2,8 @@
 
 Every instance joins one Kafka consumer group subscribed to the membership
 topic, whose partitions are the ownership slots. The group coordinator assigns
-them with the ``cooperative-sticky`` assignor; the consumer's heartbeats keep
+them incrementally (the ``cooperative-sticky`` assignor, or the broker's own
+under KIP-848: :mod:`~lakeprop.membership.protocol`); the consumer's heartbeats keep
 the seat, and a member not heard from for ``session_timeout`` is dropped and
 its slots go to the others. Nothing here is home-made consensus: who holds a
 slot is whatever the coordinator last decided.
@@ -52,6 +53,7 @@ from typing import Any
 
 from lakeprop.config import ClusterConfig, KafkaConfig
 from lakeprop.kafka import settings
+from lakeprop.membership import protocol
 from lakeprop.membership.topics import (
     STATUS_SUFFIX,
     Claim,
@@ -217,17 +219,9 @@ class Seat:
         self._stop.clear()
         common = settings(self.kafka)
         self._producer = Producer({**common, "client.id": self.instance, "linger.ms": 0})
+        protocol.configure_group(self.kafka, self.cluster, self.group, timeout)
         self._consumer = Consumer(
-            {
-                **common,
-                "group.id": self.group,
-                "client.id": self.instance,
-                "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": int(self.cluster.session_timeout * 1000),
-                "heartbeat.interval.ms": int(self.cluster.heartbeat_interval * 1000),
-                "enable.auto.commit": False,
-                "auto.offset.reset": "latest",
-            }
+            {**common, **protocol.consumer_settings(self.cluster, self.instance, self.group)}
         )
         self._meter = Consumer(
             {**common, "group.id": f"{self.group}.meter", "client.id": self.instance}
@@ -241,8 +235,9 @@ class Seat:
         return self
 
     def stop(self) -> None:
-        """Leave the group: the slots are drained (``on_revoke``) and handed over now,
-        not after the session timeout."""
+        """Leave the group: the slots are drained (``on_revoke``) and released. A
+        dynamic member's are handed over now; a static member's stay assigned to it
+        for the session timeout, for its restart."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -253,6 +248,8 @@ class Seat:
         ride on librdkafka's own thread); every ``heartbeat_interval`` it asks the
         coordinator to vouch for a suspect seat and publishes the status. The
         consumer is used on this thread only."""
+        from confluent_kafka import KafkaException
+
         consumer = self._consumer
         clock = threading.Thread(
             target=self._clock_loop, name="lakeprop-membership-clock", daemon=True
@@ -261,7 +258,9 @@ class Seat:
         next_beat = 0.0
         try:
             while not self._stop.is_set():
-                consumer.poll(0.2)
+                message = consumer.poll(0.2)
+                if message is not None and message.error() and message.error().fatal():
+                    raise KafkaException(message.error())  # e.g. fenced by its instance id
                 if self.clock() >= next_beat:
                     next_beat = self.clock() + self.cluster.heartbeat_interval
                     self._beat()
@@ -403,7 +402,7 @@ class Seat:
         """Commit the held slots' positions, synchronously: the coordinator answers a
         live member with success, or with a rebalance under way (still a member);
         a member it dropped gets ``UNKNOWN_MEMBER_ID``."""
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         with self._lock:
             claims = list(self._claims.values())
@@ -416,10 +415,7 @@ class Seat:
             )
         except KafkaException as exc:
             error = exc.args[0]
-            if error.code() not in (
-                KafkaError.REBALANCE_IN_PROGRESS,
-                KafkaError.ILLEGAL_GENERATION,
-            ):
+            if not protocol.still_a_member(error.code()):
                 log.info("membership of %s not confirmed: %s", self.instance, error)
                 return False
         with self._lock:
