@@ -40,6 +40,11 @@ caught up and every bulk operation has ended. Then the harness checks:
 * each job's successful iterations chain without gap or overlap: a snapshot,
   then tails each starting where the one before ended, up to the watermark.
 
+The cluster mode (``--instances N``) runs N instances on the workload instead,
+kills and pauses random ones past their session timeout, and checks the same;
+with ``--rolling`` it restarts them one by one as static members, and also
+counts the slots that moved to another instance, which must be none.
+
 Run it as ``scripts/chaos.sh`` (see ``--help``) or through ``pytest -m chaos``.
 """
 
@@ -49,6 +54,7 @@ import contextlib
 import faulthandler
 import functools
 import itertools
+import json
 import logging
 import os
 import random
@@ -66,6 +72,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from devkit import cdc_model
+from devkit.kafka import read_topic
 from devkit.spark import spark_toml
 from lakeprop import faults
 from lakeprop.bulk.model import BulkState, TaskState
@@ -138,6 +145,12 @@ class ChaosSettings:
     """The membership session timeout of the cluster mode's instances."""
     pause_beyond: tuple[float, float] = (1.0, 6.0)
     """A paused instance stays stopped this many seconds past its session timeout."""
+    rolling: bool = False
+    """The cluster mode restarts the instances one by one instead (``SIGTERM``, then
+    the same id again), as static members whose session timeout outlasts a restart:
+    no slot may move to another instance."""
+    group_protocol: str = "classic"
+    """The cluster mode's membership group protocol (``classic`` or ``consumer``)."""
     storage: str = ""
     """Where the state, the checkpoint and the tables live (an ``s3a://`` bucket, say);
     empty: the work directory."""
@@ -157,6 +170,11 @@ class Report:
     raises: int = 0
     pauses: int = 0
     """Instances stopped past their session timeout and resumed (the cluster mode)."""
+    restarts: list[float] = field(default_factory=list)
+    """Seconds each rolling restart took, from ``SIGTERM`` to the new process's query."""
+    slots_moved: int | None = None
+    """Claims of a slot by another instance than its last claimant, once every instance
+    was up (the rolling mode, where it must be 0)."""
     points_fired: dict[str, int] = field(default_factory=dict)
     points_missed: list[str] = field(default_factory=list)
     messages: int = 0
@@ -175,8 +193,14 @@ class Report:
     def summary(self) -> str:
         return (
             f"cycles run: {self.cycles} ({self.kills} killed, {self.raises} raised in-process, "
-            f"{self.pauses} paused)\n"
-            f"fault points fired: {dict(sorted(self.points_fired.items()))}\n"
+            f"{self.pauses} paused, {len(self.restarts)} restarted)\n"
+            + (
+                f"restart seconds: {[round(r, 1) for r in self.restarts]}, "
+                f"slots moved: {self.slots_moved}\n"
+                if self.restarts
+                else ""
+            )
+            + f"fault points fired: {dict(sorted(self.points_fired.items()))}\n"
             f"fault points not reached: {self.points_missed}\n"
             f"change log messages: {self.messages}, source commits: {self.commits}\n"
             f"iterations per path: {dict(sorted(self.paths.items()))}\n"
@@ -306,6 +330,8 @@ enabled = true
 slots = 8
 session_timeout = "{self.settings.session_timeout:g}s"
 heartbeat_interval = "1s"
+group_protocol = "{self.settings.group_protocol}"
+static_membership = {"true" if self.settings.rolling else "false"}
 """
             if self.settings.instances
             else ""
@@ -669,12 +695,16 @@ gc_retention = "4s"
         running = {name: self.start_process(config, next(started), None, name) for name in names}
         events = ["kill", "pause"] * self.settings.cluster_events
         events = events[self.rng.randrange(2) :][: self.settings.cluster_events]
+        if self.settings.rolling:  # each instance in turn, as an operator would
+            events = ["restart"] * self.settings.cluster_events
+        victims = itertools.cycle(names)
         try:
             for name, proc in running.items():
                 if not self.wait_ready(self.ready_check(proc), self.exited(proc)):
                     self.report.differences.append(f"instance {name} did not start")
                     return self.report
             progress = self.iterations_recorded()
+            settled = self.claims_so_far()
             for event in events:
                 # each event interrupts work in progress: some iteration ran since the last
                 if not self.progressed(progress):
@@ -687,15 +717,13 @@ gc_retention = "4s"
                 until = time.monotonic() + self.rng.uniform(*self.settings.kill_after)
                 while time.monotonic() < until:
                     self.paced_step()
-                victim = self.rng.choice(names)
+                victim = next(victims) if event == "restart" else self.rng.choice(names)
                 log.info("cluster: %s %s", event, victim)
                 self.report.cycles += 1
-                if event == "kill":
-                    self.kill_tree(running[victim])
-                    self.report.kills += 1
-                    running[victim] = self.start_process(config, next(started), None, victim)
-                else:
-                    self.pause(running[victim])
+                proc = running[victim]
+                running[victim] = self.disrupt(event, proc, config, next(started), victim)
+            if self.settings.rolling:
+                self.report.slots_moved = self.slots_moved(settled)
         finally:
             for proc in running.values():
                 with contextlib.suppress(ProcessLookupError):
@@ -705,6 +733,61 @@ gc_retention = "4s"
         self.catch_up(replace(final, cluster=replace(final.cluster, instance_id="final")))
         self.check()
         return self.report
+
+    def disrupt(
+        self, event: str, proc: subprocess.Popen[bytes], config: Path, cycle: int, instance: str
+    ) -> subprocess.Popen[bytes]:
+        """One event of the cluster mode on ``instance``; its process afterwards."""
+        if event == "restart":
+            return self.restart(proc, config, cycle, instance)
+        if event == "kill":
+            self.kill_tree(proc)
+            self.report.kills += 1
+            return self.start_process(config, cycle, None, instance)
+        self.pause(proc)
+        return proc
+
+    def restart(
+        self, proc: subprocess.Popen[bytes], config: Path, cycle: int, instance: str
+    ) -> subprocess.Popen[bytes]:
+        """Stop an instance as an operator does (``SIGTERM``: it drains and leaves) and
+        start it again under its id, the workload running meanwhile."""
+        began = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        deadline = began + self.settings.ready_timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            self.paced_step()
+        if proc.poll() is None:
+            self.report.differences.append(f"instance {instance} did not stop on SIGTERM")
+            self.kill_tree(proc)
+        again = self.start_process(config, cycle, None, instance)
+        ready = self.ready_check(again)
+        while not ready() and again.poll() is None and time.monotonic() < deadline:
+            self.paced_step()
+        self.report.restarts.append(time.monotonic() - began)
+        return again
+
+    def claims_so_far(self) -> dict[int, list[str]]:
+        """Per slot, the instances that claimed it so far, in order (the membership
+        topic's claim records)."""
+        claims: dict[int, list[str]] = {}
+        topic = f"{self.kafka.topic}.members"
+        for slot, _, value in read_topic(self.kafka.bootstrap_servers, topic):
+            record = json.loads(value)
+            if record.get("kind") == "claim":
+                claims.setdefault(slot, []).append(record["instance"])
+        return claims
+
+    def slots_moved(self, before: dict[int, list[str]]) -> int:
+        """Claims made since ``before`` by another instance than the slot's last claimant."""
+        moved = 0
+        for slot, claimants in self.claims_so_far().items():
+            earlier = before.get(slot, [])
+            holder = earlier[-1] if earlier else None
+            for instance in claimants[len(earlier) :]:
+                moved += holder is not None and instance != holder
+                holder = instance
+        return moved
 
     def iterations_recorded(self) -> int:
         return int(self._state(state.HISTORY_TABLE).count())
