@@ -109,6 +109,8 @@ KILL_POINTS = frozenset(
 """Points crashed by a process death; every other point raises in-process."""
 
 Mode = Literal["kill", "raise"]
+SLOTS = 8
+"""Membership slots of the cluster mode."""
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ class Chaos:
         cluster = (
             f"""[cluster]
 enabled = true
-slots = 8
+slots = {SLOTS}
 session_timeout = "{self.settings.session_timeout:g}s"
 heartbeat_interval = "1s"
 group_protocol = "{self.settings.group_protocol}"
@@ -704,7 +706,7 @@ gc_retention = "4s"
                     self.report.differences.append(f"instance {name} did not start")
                     return self.report
             progress = self.iterations_recorded()
-            settled = self.claims_so_far()
+            settled = self.settled_claims(set(names))
             for event in events:
                 # each event interrupts work in progress: some iteration ran since the last
                 if not self.progressed(progress):
@@ -777,6 +779,17 @@ gc_retention = "4s"
             if record.get("kind") == "claim":
                 claims.setdefault(slot, []).append(record["instance"])
         return claims
+
+    def settled_claims(self, names: set[str]) -> dict[int, list[str]]:
+        """:meth:`claims_so_far` once every slot is claimed and every instance holds one
+        (a query runs before its instance has joined the group)."""
+        deadline = time.monotonic() + self.settings.ready_timeout
+        while True:
+            claims = self.claims_so_far()
+            holders = {claimants[-1] for claimants in claims.values()}
+            if (len(claims) == SLOTS and holders == names) or time.monotonic() > deadline:
+                return claims
+            self.paced_step()
 
     def slots_moved(self, before: dict[int, list[str]]) -> int:
         """Claims made since ``before`` by another instance than the slot's last claimant."""

@@ -138,8 +138,10 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            # the membership group under KIP-848 runs the tests' short sessions
+            # the membership group under KIP-848 runs the tests' short sessions, and
+            # the rolling restarts' long ones
             "group.consumer.min.session.timeout.ms": "6000",
+            "group.consumer.max.session.timeout.ms": "300000",
             "group.consumer.min.heartbeat.interval.ms": "1000",
         }
         path = self.data_dir / "server.properties"
