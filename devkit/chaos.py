@@ -62,6 +62,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -781,13 +782,15 @@ gc_retention = "4s"
         return claims
 
     def settled_claims(self, names: set[str]) -> dict[int, list[str]]:
-        """:meth:`claims_so_far` once every slot is claimed and every instance holds one
-        (a query runs before its instance has joined the group)."""
+        """:meth:`claims_so_far` once the group is balanced: every slot claimed, every
+        instance holding within one of the others' count (a query runs before its
+        instance has joined the group, and the first assignments move slots on)."""
         deadline = time.monotonic() + self.settings.ready_timeout
         while True:
             claims = self.claims_so_far()
-            holders = {claimants[-1] for claimants in claims.values()}
-            if (len(claims) == SLOTS and holders == names) or time.monotonic() > deadline:
+            held = Counter(claimants[-1] for claimants in claims.values())
+            balanced = set(held) == names and max(held.values()) - min(held.values()) <= 1
+            if (len(claims) == SLOTS and balanced) or time.monotonic() > deadline:
                 return claims
             self.paced_step()
 
