@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from devkit.expected import aggregates_of
@@ -279,20 +280,22 @@ class _Run:
         source = self.source.read(version)
         columns = list(self.source.columns())
         for fleet in self.fleets:
-            for check in self._checks(fleet, source, version, columns):
-                problem = check.differences()
+            for name in fleet.jobs:
+                problem = self._compare(fleet, name, source, version, columns)
                 if problem is not None:
                     return f"{fleet.suffix} path: {problem}"
         return None
 
-    def _checks(
-        self, fleet: Fleet, source: DataFrame, version: int, columns: list[str]
-    ) -> list[models.Check]:
-        checks = []
-        for name in fleet.jobs:
+    def _compare(
+        self, fleet: Fleet, name: str, source: DataFrame, version: int, columns: list[str]
+    ) -> str | None:
+        """Job ``name``'s target against its model: the difference, or None (a target
+        without a column its model reads is a difference too)."""
+        try:
             expected, actual = MODELS[name](self, source, fleet.table(name), version, columns)
-            checks.append(models.Check(name, version, expected, actual))
-        return checks
+        except AnalysisException as exc:
+            return f"{name} at source version {version}: {str(exc).splitlines()[0]}"
+        return models.Check(name, version, expected, actual).differences()
 
     def feed(self) -> list[tuple[str, str]]:
         """The feed's messages since the last resync, by partition then offset."""
