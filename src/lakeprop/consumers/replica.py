@@ -96,10 +96,11 @@ class ReplicaConsumer(Consumer):
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         target = self.require_target()
+        # a range holding only an ALTER TABLE ... ADD COLUMNS widens the target too
+        self._follow_added_columns(target, changes, from_version)
         rows = self.context.change_rows
         if rows == 0 or (rows is None and changes.isEmpty()):
             return 0
-        self._follow_added_columns(target, changes, from_version)
         latest = self.context.latest_changes(changes, self.key).select(
             *self.columns, "_change_type"
         )
