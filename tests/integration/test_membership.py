@@ -87,7 +87,7 @@ def test_a_static_member_restarted_within_its_session_timeout_moves_no_slot(
     revoked: list[frozenset[int]] = []
     b = seat(config, stack, protocol, "b", revoked)
     held_a, held_b = shared(a, b)
-    revoked.clear()  # b may have held everything before a joined
+    revoked.clear()  # what the group did while the two joined
 
     a.stop()  # a rolling restart of a: its seat and slots wait for it
     assert "a" in static_members(config, a.group)
