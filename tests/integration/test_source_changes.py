@@ -224,6 +224,24 @@ def test_a_replica_follows_a_column_added_to_its_source_on_both_paths(
     assert expected == actual
 
 
+@pytest.mark.parametrize("job", ["copy", "cdc"])
+def test_a_column_added_alone_reaches_the_target(
+    spark: SparkSession, tmp_path: Path, job: str
+) -> None:
+    """An ALTER TABLE ADD COLUMNS in a range of its own (no change rows) widens the
+    target, so it equals the source at that version, NULLs in the new column."""
+    source = make_source(spark, tmp_path, f"alone_{job}")
+    insert(spark, source, range(4))
+    driver = HandDriven(spark, str(tmp_path), JobKey(1, "s", f"alone_{job}", job), CONSUMERS[job])
+    driver.snapshot(version_of(spark, source))
+    spark.sql(f"ALTER TABLE delta.`{source}` ADD COLUMNS (note STRING)")
+    driver.tail(version_of(spark, source))
+    model = {"copy": models.replica, "cdc": models.auto_cdc_scd1}[job]
+    columns = [*COLUMNS, "note"]
+    expected, actual = model(at(spark, source, version_of(spark, source)), driver.read, columns)
+    assert models.Check(job, 0, expected, actual).differences() is None
+
+
 def events_table(spark: SparkSession, warehouse: Path, seq: str = "INT") -> str:
     path = f"{warehouse}/e/events"
     spark.sql(

@@ -86,22 +86,37 @@ class AutoCdcConsumer(Consumer):
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         target = self.require_target()
+        columns = self.options.target_columns(changes.columns)
         rows = self.context.change_rows
         if rows == 0 or (rows is None and changes.isEmpty()):
+            # a range holding only an ALTER TABLE ... ADD COLUMNS widens the target too
+            self._follow_added_columns(target, changes, columns)
             return 0
-        columns = self.options.target_columns(changes.columns)
-        if self.options.table_source:
-            raw = ev.table_changes(changes, self.options, columns)
-        else:
-            if self.options.skip_change_commits:
-                changes = ev.without_change_commits(changes)
-            raw = ev.raw_events(changes, self.options, columns)
+        raw = self._raw_events(changes, columns)
         prepared = ev.prepare(raw, self.options, self.source_name, from_version, to_version)
         self._quarantine(prepared, to_version, changes.columns, overwrite=False)
         self._evolve(target, prepared.frame, columns)
         if self.options.scd_type == 1:
             return self._apply_scd1(target, prepared, columns, to_version)
         return self._apply_scd2(target, prepared, columns, to_version)
+
+    def _raw_events(self, changes: DataFrame, columns: list[str]) -> DataFrame:
+        """The range's change rows as events (lazily: no Spark job)."""
+        if self.options.table_source:
+            return ev.table_changes(changes, self.options, columns)
+        if self.options.skip_change_commits:
+            changes = ev.without_change_commits(changes)
+        return ev.raw_events(changes, self.options, columns)
+
+    def _follow_added_columns(
+        self, target: TableHandle, changes: DataFrame, columns: list[str]
+    ) -> None:
+        """On a range without change rows, columns the source gained are added to the
+        target (and its event store) from the events' schema alone, with no Spark job."""
+        present = {f.name.lower() for f in target.load(target.reader()).schema.fields}
+        if all(c.lower() in present for c in columns):
+            return
+        self._evolve(target, self._raw_events(changes, columns), columns)
 
     # -- SCD type 1 --------------------------------------------------------------------
 
