@@ -9,8 +9,9 @@ each: the same two cores of this machine between them) share the tables
 through the membership group. For each: the wall time from launching the
 processes until every table's iteration to version 2 is recorded, and the
 mean trigger-selection time per tick of each instance over that time, from
-its own metrics endpoint (`lakeprop_tick_phase_seconds`). The baseline is
-the one instance. Every driver gets 4 GB rather than spark-submit's 1 GB: Delta
+its own metrics endpoint (`lakeprop_tick_phase_seconds`), and for the three
+the catalog writes that conflicted with another instance's, summed
+(`lakeprop_state_write_conflicts`). The baseline is the one instance. Every driver gets 4 GB rather than spark-submit's 1 GB: Delta
 keeps the log of each table a driver reads (up to 10,000 of them, for an hour).
 """
 
@@ -60,8 +61,8 @@ def run(
             "append"
         ).save(str(template))
     shape = (template, jobs, tables)
-    one_time, one = _catch_up(spark, workdir / "one", bootstrap, shape, 1)
-    many_time, many = _catch_up(spark, workdir / "many", bootstrap, shape, instances)
+    one_time, one, _ = _catch_up(spark, workdir / "one", bootstrap, shape, 1)
+    many_time, many, conflicts = _catch_up(spark, workdir / "many", bootstrap, shape, instances)
     result.figures += [
         Figure("catch-up from launch", "s", round(many_time, 1), round(one_time, 1)),
         Figure(
@@ -70,6 +71,7 @@ def run(
             round(max(many) * 1000, 2),
             round(one[0] * 1000, 2),
         ),
+        Figure("catalog write conflicts, all instances", "count", conflicts),
     ]
     result.checks["every table caught up, both ways"] = True  # _catch_up raises otherwise
     return result
@@ -81,9 +83,10 @@ def _catch_up(
     bootstrap: str,
     shape: tuple[Path, int, int],
     count: int,
-) -> tuple[float, list[float]]:
+) -> tuple[float, list[float], int]:
     """Launch ``count`` instances on a fresh state; the seconds until every table's
-    iteration to version 2 is recorded, and each instance's mean selection per tick."""
+    iteration to version 2 is recorded, each instance's mean selection per tick, and
+    the catalog writes that conflicted with another instance's (several instances)."""
     template, jobs, tables = shape
     config = app_config(workdir, bootstrap)
     warehouse = Path(config.tables.warehouse)
@@ -122,7 +125,8 @@ def _catch_up(
         )
         elapsed = time.monotonic() - launched
         selection = [_selection_mean(i) for i in running.values()]
-    return elapsed, selection
+        conflicts = sum(_catalog_conflicts(i) for i in running.values()) if count > 1 else 0
+    return elapsed, selection, conflicts
 
 
 def _all_reached(spark: SparkSession, history: str, tables: int) -> None:
@@ -141,3 +145,9 @@ def _selection_mean(instance: Instance) -> float:
     scraped = instance.scrape("lakeprop_tick_phase_seconds_")
     ticks = scraped.get(SELECTION.format("count"), 0.0)
     return scraped[SELECTION.format("sum")] / ticks if ticks else 0.0
+
+
+def _catalog_conflicts(instance: Instance) -> int:
+    """The instance's catalog writes Delta refused for another instance's commit."""
+    scraped = instance.scrape("lakeprop_state_write_conflicts")
+    return int(scraped.get('lakeprop_state_write_conflicts_total{table="catalog"}', 0.0))

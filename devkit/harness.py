@@ -66,7 +66,8 @@ def table(spark: SparkSession, config: AppConfig, name: str) -> DataFrame:
 
 
 def catalog_df(spark: SparkSession, config: AppConfig) -> DataFrame:
-    return table(spark, config, state.CATALOG_TABLE)
+    """The catalog's rows (without the table's partition column, the slot)."""
+    return table(spark, config, state.CATALOG_TABLE).select(*CATALOG_SCHEMA.fieldNames())
 
 
 def rows_df(spark: SparkSession, rows: list[CatalogRow]) -> DataFrame:

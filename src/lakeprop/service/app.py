@@ -102,7 +102,12 @@ class PropagationApp:
                 owner=lambda row: owner.owner_of(row.database, row.table) or "",
                 sign=self._sign,
             )
-        self.catalog = JobCatalog(spark, config.state.table_path(CATALOG_TABLE), shared)
+        self.catalog = JobCatalog(
+            spark,
+            config.state.table_path(CATALOG_TABLE),
+            shared,
+            slots=config.cluster.slots if config.cluster.enabled else None,
+        )
         if self.seat is not None:
             self.seat.era_of = self.catalog.era
         self.outcomes = OutcomeTables(

@@ -17,8 +17,9 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from lakeprop.engine.model import TableRef
 from lakeprop.engine.ownership import SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
-from lakeprop.service.metric_defs import counter, family, gauge, value_of
+from lakeprop.service.metric_defs import counter, counter_family, family, gauge, value_of
 from lakeprop.state.job_row import CatalogRow
+from lakeprop.state.shared import conflicts_seen
 from lakeprop.state.status import JobState
 
 log = logging.getLogger("lakeprop.service.metrics")
@@ -26,7 +27,8 @@ log = logging.getLogger("lakeprop.service.metrics")
 
 class ClusterGauges(Collector):
     """This instance's place in the group, at scrape time: its slots, the tables and
-    jobs it serves, whether it fences itself, whether it leads."""
+    jobs it serves, whether it fences itself, whether it leads, and how often its
+    shared state writes conflicted with other instances'."""
 
     def __init__(self, owner: SlotOwner, rows: Callable[[], Iterable[CatalogRow]]) -> None:
         self._owner = owner
@@ -47,6 +49,10 @@ class ClusterGauges(Collector):
         yield value_of("lakeprop_cluster_jobs_served", len(live))
         yield value_of("lakeprop_cluster_self_fenced", 0 if seat.vouched else 1)
         yield value_of("lakeprop_cluster_leader", 1 if owner.leads() else 0)
+        conflicts = counter_family("lakeprop_state_write_conflicts")
+        for table, count in sorted({"catalog": 0, **conflicts_seen()}.items()):
+            conflicts.add_metric([table], count)
+        yield conflicts
 
 
 class AccountGauges(Collector):

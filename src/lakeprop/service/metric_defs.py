@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 JOB_LABELS = ("account", "database", "table", "job", "job_id")
@@ -167,6 +167,13 @@ METRICS: tuple[MetricDef, ...] = (
         "1 when it holds slot 0 and does the cluster-wide chores (usage, accounts)",
     ),
     MetricDef(
+        "lakeprop_state_write_conflicts",
+        "counter",
+        "Writes to a shared state table (catalog, iterations, requests, rejects, fence) "
+        "that Delta refused because another instance committed first, each done again",
+        ("table",),
+    ),
+    MetricDef(
         "lakeprop_cluster_slot_handovers",
         "counter",
         "Slots this instance took over (gained), drained and gave up (revoked), or lost "
@@ -197,6 +204,12 @@ def histogram(name: str, registry: CollectorRegistry) -> Histogram:
 def family(name: str) -> GaugeMetricFamily:
     d = _DEFS[name]
     return GaugeMetricFamily(d.name, d.help, labels=d.labels)
+
+
+def counter_family(name: str) -> CounterMetricFamily:
+    """A counter read at scrape time."""
+    d = _DEFS[name]
+    return CounterMetricFamily(d.name, d.help, labels=d.labels)
 
 
 def value_of(name: str, value: float) -> GaugeMetricFamily:

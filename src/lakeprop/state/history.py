@@ -127,7 +127,9 @@ class IterationHistory:
             writer.save(self.path)
             return
         writer = writer.options(**signed.writer_options())
-        with_retries(f"history append to {self.path}", lambda: writer.save(self.path))
+        with_retries(
+            f"history append to {self.path}", lambda: writer.save(self.path), table="iterations"
+        )
 
     def latest_success(
         self, database: str | None = None, table: str | None = None

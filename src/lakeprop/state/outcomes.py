@@ -245,12 +245,14 @@ class OutcomeTables:
                     lambda: state.insert_new(
                         self.spark, self.rejects_path, REJECTS_SCHEMA, rejects, COORDINATE_KEYS
                     ),
+                    table="rejects",
                 )
                 with_retries(
                     f"verdicts to {self.requests_path}",
                     lambda: state.insert_new(
                         self.spark, self.requests_path, REQUESTS_SCHEMA, requests, COORDINATE_KEYS
                     ),
+                    table="requests",
                 )
         except BaseException:
             self._highest = None  # a write may have landed: read again before the next

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,14 +72,30 @@ def conflicting(exc: BaseException) -> bool:
     return any(name in text for name in CONFLICTS)
 
 
-def with_retries(what: str, write: Callable[[], T], attempts: int = ATTEMPTS) -> T:
-    """Run ``write``, again after a conflict, at most ``attempts`` times."""
+_conflicts: Counter[str] = Counter()
+_conflicts_lock = threading.Lock()
+
+
+def conflicts_seen() -> dict[str, int]:
+    """Conflicts with other instances' writes so far in this process, per state table
+    (each one a write done again)."""
+    with _conflicts_lock:
+        return dict(_conflicts)
+
+
+def with_retries(
+    what: str, write: Callable[[], T], attempts: int = ATTEMPTS, table: str = "other"
+) -> T:
+    """Run ``write``, again after a conflict, at most ``attempts`` times; each conflict
+    counts for ``table`` (:func:`conflicts_seen`)."""
     for attempt in range(1, attempts + 1):
         try:
             return write()
         except Exception as exc:
             if not conflicting(exc):
                 raise
+            with _conflicts_lock:
+                _conflicts[table] += 1
             if attempt == attempts:
                 raise StateConflictError(
                     f"{what} conflicted with other instances' writes {attempts} times in a row; "
@@ -115,4 +133,6 @@ def fence(spark: SparkSession, path: str, fenced: list[Signed]) -> None:
     frame = spark.createDataFrame([], spark.read.format("delta").load(path).schema)
     for signed in fenced:
         writer = frame.write.format("delta").mode("append").options(**signed.writer_options())
-        with_retries(f"fencing writer {signed.app_id} on {path}", partial(writer.save, path))
+        with_retries(
+            f"fencing writer {signed.app_id} on {path}", partial(writer.save, path), table="fence"
+        )

@@ -52,9 +52,10 @@ def ensure_table(
     path: str,
     schema: StructType,
     properties: Mapping[str, str] | None = None,
+    partitioned_by: Sequence[str] = (),
 ) -> bool:
-    """Create the Delta table at ``path`` with ``schema`` (and table ``properties``)
-    unless it exists.
+    """Create the Delta table at ``path`` with ``schema`` (table ``properties``,
+    partition columns ``partitioned_by``) unless it exists.
 
     True when it was created now: it is empty, so nothing need read it. An
     existing table is found from a listing of its log (no Spark job).
@@ -62,6 +63,8 @@ def ensure_table(
     if DeltaLogProbe(spark).latest_version(path) is not None:
         return False
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    if partitioned_by:
+        builder = builder.partitionedBy(*partitioned_by)
     for key, value in (properties or {}).items():
         builder = builder.property(key, value)
     try:
@@ -112,16 +115,17 @@ def append(
 
 
 def overwrite(
-    spark: SparkSession, path: str, schema: StructType, rows: Sequence[Sequence[Any]]
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    partitioned_by: Sequence[str] = (),
 ) -> None:
     """Replace the table's content with ``rows`` (one Delta commit, no read of the table)."""
-    (
-        spark.createDataFrame(list(rows), schema)
-        .coalesce(1)
-        .write.format("delta")
-        .mode("overwrite")
-        .save(path)
-    )
+    writer = spark.createDataFrame(list(rows), schema).coalesce(1).write.format("delta")
+    if partitioned_by:
+        writer = writer.partitionBy(*partitioned_by)
+    writer.mode("overwrite").save(path)
 
 
 def insert_new(spark: SparkSession, path: str, schema: StructType, rows: Rows, keys: Keys) -> None:
