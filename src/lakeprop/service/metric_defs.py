@@ -169,8 +169,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "lakeprop_state_write_conflicts",
         "counter",
-        "Writes to a shared state table (catalog, iterations, requests, rejects, fence) "
-        "that Delta refused because another instance committed first, each done again",
+        "Writes to a shared state table (catalog, catalog_layout, iterations, requests, "
+        "rejects, fence) that Delta refused because another instance committed first, "
+        "each done again",
         ("table",),
     ),
     MetricDef(

@@ -199,7 +199,9 @@ class JobCatalog:
         if era is not None:
             writer = writer.options(txnAppId=LAYOUT_APP_ID, txnVersion=str(era))
         with_retries(
-            f"catalog layout of {self.path}", partial(writer.save, self.path), table="catalog"
+            f"catalog layout of {self.path}",
+            partial(writer.save, self.path),
+            table="catalog_layout",
         )
         placed = state.read_table(self.spark, self.path).select("database", "table", SLOT)
         misplaced = [
@@ -212,13 +214,13 @@ class JobCatalog:
                 f"the catalog {self.path} is laid out for another slot count in this membership "
                 f"topic's era ({len(misplaced)} table(s), {misplaced[0]} first), not for "
                 f"cluster.slots = {slots}: a new slot count needs a new cluster.topic "
-                "(operations/scale-out, 'Changing the slot count')"
+                "(the scale-out docs, 'Choosing the slots')"
             )
         alter = (
             f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ('{LAYOUT_PROPERTY}' = '{slots}')"
         )
         with_retries(
-            f"catalog layout of {self.path}", partial(self.spark.sql, alter), table="catalog"
+            f"catalog layout of {self.path}", partial(self.spark.sql, alter), table="catalog_layout"
         )
         self.layout = slots
         log.info("catalog %s laid out for %d slot(s)", self.path, slots)
