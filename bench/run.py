@@ -32,6 +32,7 @@ from bench import (  # noqa: E402
     many,
     membership,
     object_storage,
+    pinned,
     recent,
     registration,
     results,
@@ -64,6 +65,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "membership": {"tables": 5000},
         "failover": {"tables": 3, "kills": 1},
         "scale_out": {"jobs": 50, "tables": 10},
+        "pinned": {"tables": 4, "window": 3, "max_rate": 2},
         "object_storage": {"jobs": 50, "ticks": 3, "rows": 200, "repeats": 1},
     },
     "default": {
@@ -84,6 +86,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "membership": {"tables": 100_000},
         "failover": {"tables": 12, "kills": 10},
         "scale_out": {"jobs": 20_000, "tables": 4_000},
+        "pinned": {"tables": 24, "window": 15, "max_rate": 64},
         "object_storage": {"jobs": 1000, "ticks": 20, "rows": 1000, "repeats": 5},
     },
     "full": {
@@ -110,6 +113,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "membership": {"tables": 100_000},
         "failover": {"tables": 12, "kills": 10},
         "scale_out": {"jobs": 20_000, "tables": 4_000},
+        "pinned": {"tables": 48, "window": 20, "max_rate": 128},
         "object_storage": {"jobs": 1000, "ticks": 30, "rows": 1000, "repeats": 9},
     },
 }
@@ -132,6 +136,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "membership": membership.run,
     "failover": failover.run,
     "scale_out": scale_out.run,
+    "pinned": pinned.run,
     "object_storage": object_storage.run,
 }
 

@@ -11,8 +11,9 @@ processes until every table's iteration to version 2 is recorded, and the
 mean trigger-selection time per tick of each instance over that time, from
 its own metrics endpoint (`lakeprop_tick_phase_seconds`), and for the three
 the catalog writes that conflicted with another instance's, summed
-(`lakeprop_state_write_conflicts`). The baseline is the one instance. Every driver gets 4 GB rather than spark-submit's 1 GB: Delta
-keeps the log of each table a driver reads (up to 10,000 of them, for an hour).
+(`lakeprop_state_write_conflicts`). The baseline is the one instance. Every
+driver gets 4 GB rather than spark-submit's 1 GB: Delta keeps the log of each
+table a driver reads (up to 10,000 of them, for an hour).
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class Instance:
         settings: Mapping[str, str] | None = None,
         master: str = "local[1]",
         env: Mapping[str, str] | None = None,
+        cpus: str | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -61,6 +62,8 @@ class Instance:
         self.settings = settings or {}
         self.master = master
         self.env = env or {}
+        self.cpus = cpus
+        """The cores the process and its children may run on (``taskset -c``); None: any."""
         self.log = workdir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self._terminated = False
@@ -94,6 +97,8 @@ class Instance:
             *[arg for k, v in self.spark_conf.items() for arg in ("--conf", f"{k}={v}")],
             *[arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")],
         ]
+        if self.cpus is not None:
+            command = ["taskset", "-c", self.cpus, *command]
         env = {
             **os.environ,
             "LAKEPROP_KAFKA_BOOTSTRAP": self.config.kafka.bootstrap_servers,

@@ -141,7 +141,7 @@ def test_a_catalog_of_an_earlier_release_and_a_new_slot_count_are_laid_out_once_
     wrong = shared_catalog(spark, path, "c", {0}, slots=6)
     wrong.ensure()
     wrong.load()
-    with pytest.raises(InvalidConfigError, match="new slot count needs a new cluster.topic"):
+    with pytest.raises(InvalidConfigError, match=r"new slot count needs a new cluster\.topic"):
         wrong.era("topic-1")
 
     # one instance again keeps the cluster's layout
