@@ -21,21 +21,18 @@ every replica equals its source at the end.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from bench.common import Figure, Result, app_config, eventually, percentile, same_rows, sources
-from bench.latency import _lakeprop_visible
+from bench.latency import _commit_time, _lakeprop_visible
 from bench.throughput import _latencies, _latest, _write
 from devkit.instances import Instance, settled, stopped_at_exit
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import ClusterConfig
 from lakeprop.spec import JobKey
-
-log = logging.getLogger("bench.pinned")
 
 TITLE = "scale-out, pinned"
 SPEC = {
@@ -120,14 +117,11 @@ def _side(
             kept = (
                 caught and len(latencies) == len(commits) and percentile(latencies, 0.95) <= bound
             )
-            log.warning(
-                "%d instance(s) at %g commits/s: caught up %s, %d of %d commits seen, p95 %.2f s",
-                count,
-                rate,
-                caught,
-                len(latencies),
-                len(commits),
-                percentile(latencies, 0.95),
+            print(
+                f"{count} instance(s) at {rate:g} commits/s: caught up {caught}, "
+                f"{len(latencies)} of {len(commits)} commits seen, "
+                f"p95 {percentile(latencies, 0.95):.2f} s",
+                flush=True,
             )
             if not kept:
                 break
@@ -149,8 +143,6 @@ def _reached(versions: dict[str, int]) -> bool:
 
 
 def _first_commit_time(commits: list[tuple[str, int]]) -> float:
-    from bench.latency import _commit_time
-
     return min((_commit_time(path, version) for path, version in commits), default=0.0)
 
 
