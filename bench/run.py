@@ -36,6 +36,7 @@ from bench import (  # noqa: E402
     recent,
     registration,
     results,
+    rolling,
     scale,
     scale_out,
     small_tail,
@@ -67,6 +68,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scale_out": {"jobs": 50, "tables": 10},
         "pinned": {"tables": 4, "window": 3, "max_rate": 2},
         "object_storage": {"jobs": 50, "ticks": 3, "rows": 200, "repeats": 1},
+        "rolling_restart": {"tables": 3, "session": 60},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -88,6 +90,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scale_out": {"jobs": 20_000, "tables": 4_000},
         "pinned": {"tables": 24, "window": 15, "max_rate": 64},
         "object_storage": {"jobs": 1000, "ticks": 20, "rows": 1000, "repeats": 5},
+        "rolling_restart": {"tables": 12, "session": 60},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -115,6 +118,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scale_out": {"jobs": 20_000, "tables": 4_000},
         "pinned": {"tables": 48, "window": 20, "max_rate": 128},
         "object_storage": {"jobs": 1000, "ticks": 30, "rows": 1000, "repeats": 9},
+        "rolling_restart": {"tables": 24, "session": 90},
     },
 }
 
@@ -138,6 +142,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "scale_out": scale_out.run,
     "pinned": pinned.run,
     "object_storage": object_storage.run,
+    "rolling_restart": rolling.run,
 }
 
 

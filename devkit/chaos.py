@@ -54,7 +54,6 @@ import contextlib
 import faulthandler
 import functools
 import itertools
-import json
 import logging
 import os
 import random
@@ -63,7 +62,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -73,14 +72,14 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from devkit import cdc_model
-from devkit.kafka import read_topic
+from devkit.instances import claims_so_far, slots_moved
 from devkit.spark import spark_toml
 from lakeprop import faults
 from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import LogRecord
 from lakeprop.client.api import LakepropClient, Receipt, TableWatch
 from lakeprop.client.scans import SparkScan
-from lakeprop.config import AppConfig, KafkaConfig, StateConfig, load_config
+from lakeprop.config import AppConfig, ClusterConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
@@ -154,6 +153,10 @@ class ChaosSettings:
     no slot may move to another instance."""
     group_protocol: str = "classic"
     """The cluster mode's membership group protocol (``classic`` or ``consumer``)."""
+    reslot: int = 0
+    """The cluster mode then changes the slot count to this (0: no change) as the
+    docs say to: every instance stopped, started again with the new ``cluster.slots``
+    on a new ``cluster.topic``; the events go on in the new era."""
     storage: str = ""
     """Where the state, the checkpoint and the tables live (an ``s3a://`` bucket, say);
     empty: the work directory."""
@@ -175,9 +178,11 @@ class Report:
     """Instances stopped past their session timeout and resumed (the cluster mode)."""
     restarts: list[float] = field(default_factory=list)
     """Seconds each rolling restart took, from ``SIGTERM`` to the new process's query."""
-    slots_moved: int | None = None
+    slots_moved: int = 0
     """Claims of a slot by another instance than its last claimant, once every instance
     was up (the rolling mode, where it must be 0)."""
+    reslots: int = 0
+    """Slot-count changes (every instance stopped and started on a new topic)."""
     points_fired: dict[str, int] = field(default_factory=dict)
     points_missed: list[str] = field(default_factory=list)
     messages: int = 0
@@ -196,7 +201,8 @@ class Report:
     def summary(self) -> str:
         return (
             f"cycles run: {self.cycles} ({self.kills} killed, {self.raises} raised in-process, "
-            f"{self.pauses} paused, {len(self.restarts)} restarted)\n"
+            f"{self.pauses} paused, {len(self.restarts)} restarted, "
+            f"{self.reslots} slot-count change(s))\n"
             + (
                 f"restart seconds: {[round(r, 1) for r in self.restarts]}, "
                 f"slots moved: {self.slots_moved}\n"
@@ -307,6 +313,15 @@ class Chaos:
         self.warehouse = f"{root}/warehouse"
         self.client = LakepropClient(self.kafka, self.state, spark)
         self.probe = DeltaLogProbe(spark)
+        self.cluster = ClusterConfig(
+            enabled=bool(settings.instances),
+            topic=f"{self.kafka.topic}.members",
+            slots=SLOTS,
+            session_timeout=settings.session_timeout,
+            heartbeat_interval=1.0,
+        )
+        """The cluster mode's membership (its topic and slot count change with
+        ``reslot``)."""
         self.report = Report()
         # the model: what the change log implies
         self.specs: dict[JobKey, dict[str, Any]] = {}
@@ -330,7 +345,8 @@ class Chaos:
         cluster = (
             f"""[cluster]
 enabled = true
-slots = {SLOTS}
+topic = "{self.cluster.topic}"
+slots = {self.cluster.slots}
 session_timeout = "{self.settings.session_timeout:g}s"
 heartbeat_interval = "1s"
 group_protocol = "{self.settings.group_protocol}"
@@ -687,9 +703,11 @@ gc_retention = "4s"
 
     def run_cluster(self) -> Report:
         """Several instances share the tables; random ones are killed (and restarted)
-        or paused past their session timeout (and resumed) while the workload runs.
-        At the end they are all killed, and one more instance takes every slot
-        over, fencing what they left, and catches up; then the checks run."""
+        or paused past their session timeout (and resumed) while the workload runs,
+        or, with ``rolling``, restarted one by one. With ``reslot`` the slot count
+        then changes (:meth:`reslot`) and the events go on. At the end they are all
+        killed, and one more instance takes every slot over, fencing what they
+        left, and catches up; then the checks run."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.write_config()
         self.seed_jobs()
@@ -700,33 +718,11 @@ gc_retention = "4s"
         events = events[self.rng.randrange(2) :][: self.settings.cluster_events]
         if self.settings.rolling:  # each instance in turn, as an operator would
             events = ["restart"] * self.settings.cluster_events
-        victims = itertools.cycle(names)
         try:
-            for name, proc in running.items():
-                if not self.wait_ready(self.ready_check(proc), self.exited(proc)):
-                    self.report.differences.append(f"instance {name} did not start")
-                    return self.report
-            progress = self.iterations_recorded()
-            settled = self.settled_claims(set(names))
-            for event in events:
-                # each event interrupts work in progress: some iteration ran since the last
-                if not self.progressed(progress):
-                    self.report.differences.append(
-                        f"cluster: no iteration recorded within {self.settings.fire_timeout:.0f}s "
-                        f"before the {event} (logs in {self.workdir})"
-                    )
-                    return self.report
-                progress = self.iterations_recorded()
-                until = time.monotonic() + self.rng.uniform(*self.settings.kill_after)
-                while time.monotonic() < until:
-                    self.paced_step()
-                victim = next(victims) if event == "restart" else self.rng.choice(names)
-                log.info("cluster: %s %s", event, victim)
-                self.report.cycles += 1
-                proc = running[victim]
-                running[victim] = self.disrupt(event, proc, config, next(started), victim)
-            if self.settings.rolling:
-                self.report.slots_moved = self.slots_moved(settled)
+            played = self.play(running, config, started, events)
+            if played and self.settings.reslot:
+                config = self.reslot(running, started)
+                self.play(running, config, started, events[: len(names)])
         finally:
             for proc in running.values():
                 with contextlib.suppress(ProcessLookupError):
@@ -736,6 +732,67 @@ gc_retention = "4s"
         self.catch_up(replace(final, cluster=replace(final.cluster, instance_id="final")))
         self.check()
         return self.report
+
+    def play(
+        self,
+        running: dict[str, subprocess.Popen[bytes]],
+        config: Path,
+        started: Iterator[int],
+        events: list[str],
+    ) -> bool:
+        """Once ``running`` are up, ``events`` one after another on them (their
+        processes replaced in ``running``); False if the round cannot go on."""
+        for name, proc in running.items():
+            if not self.wait_ready(self.ready_check(proc), self.exited(proc)):
+                self.report.differences.append(f"instance {name} did not start")
+                return False
+        progress = self.iterations_recorded()
+        settled = self.settled_claims(set(running))
+        victims = itertools.cycle(sorted(running))
+        for event in events:
+            # each event interrupts work in progress: some iteration ran since the last
+            if not self.progressed(progress):
+                self.report.differences.append(
+                    f"cluster: no iteration recorded within {self.settings.fire_timeout:.0f}s "
+                    f"before the {event} (logs in {self.workdir})"
+                )
+                return False
+            progress = self.iterations_recorded()
+            until = time.monotonic() + self.rng.uniform(*self.settings.kill_after)
+            while time.monotonic() < until:
+                self.paced_step()
+            victim = next(victims) if event == "restart" else self.rng.choice(sorted(running))
+            log.info("cluster: %s %s", event, victim)
+            self.report.cycles += 1
+            running[victim] = self.disrupt(event, running[victim], config, next(started), victim)
+        if self.settings.rolling:
+            self.report.slots_moved += self.slots_moved(settled)
+        return True
+
+    def reslot(self, running: dict[str, subprocess.Popen[bytes]], started: Iterator[int]) -> Path:
+        """Change the slot count as the docs say: stop every instance (``SIGTERM``),
+        then start them all with the new ``cluster.slots`` on a new ``cluster.topic``;
+        the workload runs meanwhile. The new config's path."""
+        log.info("cluster: slots %d -> %d", self.cluster.slots, self.settings.reslot)
+        for proc in running.values():
+            os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.ready_timeout
+        for name, proc in running.items():
+            while proc.poll() is None and time.monotonic() < deadline:
+                self.paced_step()
+            if proc.poll() is None:
+                self.report.differences.append(f"instance {name} did not stop on SIGTERM")
+                self.kill_tree(proc)
+        self.cluster = replace(
+            self.cluster,
+            topic=f"{self.kafka.topic}.members.{self.settings.reslot}",
+            slots=self.settings.reslot,
+        )
+        config = self.write_config()
+        for name in running:
+            running[name] = self.start_process(config, next(started), None, name)
+        self.report.reslots += 1
+        return config
 
     def disrupt(
         self, event: str, proc: subprocess.Popen[bytes], config: Path, cycle: int, instance: str
@@ -771,15 +828,7 @@ gc_retention = "4s"
         return again
 
     def claims_so_far(self) -> dict[int, list[str]]:
-        """Per slot, the instances that claimed it so far, in order (the membership
-        topic's claim records)."""
-        claims: dict[int, list[str]] = {}
-        topic = f"{self.kafka.topic}.members"
-        for slot, _, value in read_topic(self.kafka.bootstrap_servers, topic):
-            record = json.loads(value)
-            if record.get("kind") == "claim":
-                claims.setdefault(slot, []).append(record["instance"])
-        return claims
+        return claims_so_far(self.kafka, self.cluster)
 
     def settled_claims(self, names: set[str]) -> dict[int, list[str]]:
         """:meth:`claims_so_far` once the group is balanced: every slot claimed, every
@@ -790,20 +839,13 @@ gc_retention = "4s"
             claims = self.claims_so_far()
             held = Counter(claimants[-1] for claimants in claims.values())
             balanced = set(held) == names and max(held.values()) - min(held.values()) <= 1
-            if (len(claims) == SLOTS and balanced) or time.monotonic() > deadline:
+            if (len(claims) == self.cluster.slots and balanced) or time.monotonic() > deadline:
                 return claims
             self.paced_step()
 
     def slots_moved(self, before: dict[int, list[str]]) -> int:
         """Claims made since ``before`` by another instance than the slot's last claimant."""
-        moved = 0
-        for slot, claimants in self.claims_so_far().items():
-            earlier = before.get(slot, [])
-            holder = earlier[-1] if earlier else None
-            for instance in claimants[len(earlier) :]:
-                moved += holder is not None and instance != holder
-                holder = instance
-        return moved
+        return slots_moved(before, self.claims_so_far())
 
     def iterations_recorded(self) -> int:
         return int(self._state(state.HISTORY_TABLE).count())

@@ -9,6 +9,7 @@ settings of ``cluster``; its output goes to ``<workdir>/<name>.log``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from devkit.kafka import read_topic
 from devkit.spark import TEST_CONF
 from devkit.standalone import ROOT
 from devkit.waiting import assert_eventually
@@ -214,3 +216,27 @@ def settled(
         return seen
 
     return assert_eventually(check, timeout=timeout, interval=0.5)
+
+
+def claims_so_far(kafka: KafkaConfig, cluster: ClusterConfig) -> dict[int, list[str]]:
+    """Per slot, the instances that claimed it so far, in order (the membership
+    topic's claim records)."""
+    claims: dict[int, list[str]] = {}
+    for slot, _, value in read_topic(kafka.bootstrap_servers, cluster.topic):
+        record = json.loads(value)
+        if record.get("kind") == "claim":
+            claims.setdefault(slot, []).append(record["instance"])
+    return claims
+
+
+def slots_moved(before: Mapping[int, list[str]], after: Mapping[int, list[str]]) -> int:
+    """Claims in ``after`` (a later :func:`claims_so_far`) made since ``before`` by
+    another instance than the slot's last claimant."""
+    moved = 0
+    for slot, claimants in after.items():
+        earlier = before.get(slot, [])
+        holder = earlier[-1] if earlier else None
+        for instance in claimants[len(earlier) :]:
+            moved += holder is not None and instance != holder
+            holder = instance
+    return moved

@@ -54,6 +54,15 @@ def main() -> int:
         "count the slots that moved to another instance (there must be none)",
     )
     parser.add_argument(
+        "--reslot",
+        type=int,
+        default=0,
+        metavar="SLOTS",
+        help="with --instances: then change the slot count to SLOTS as the docs say (stop "
+        "every instance, start them with the new cluster.slots on a new cluster.topic), "
+        "and go on with the events in the new era",
+    )
+    parser.add_argument(
         "--group-protocol",
         choices=["classic", "consumer"],
         default="classic",
@@ -77,6 +86,7 @@ def main() -> int:
         instances=args.instances,
         cluster_events=args.events * args.rounds,
         rolling=args.rolling,
+        reslot=args.reslot,
         group_protocol=args.group_protocol,
         session_timeout=120.0 if args.rolling else 6.0,
     )

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 VARIANTS = {"auto_cdc_plain"}
 """Benchmarks that are another one with a flag set: their code runs already."""
-BY_HAND = {"failover", "scale_out", "pinned"}
+BY_HAND = {"failover", "scale_out", "pinned", "rolling_restart"}
 """Benchmarks of several service processes: at any size they start three JVMs and
 wait out session timeouts (minutes), and the scale-out test runs the same
 launcher (``devkit.instances``); run them with ``python -m bench.run NAME --size smoke``."""

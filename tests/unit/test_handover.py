@@ -66,6 +66,9 @@ class Owner(SoleOwner):
     def fenced(self, claims: Iterable[Claim]) -> list[Signature]:
         return [Signature(f"writer-before-{c.slot}", 2**62, "") for c in claims]
 
+    def serve(self, slots: Iterable[int]) -> None:
+        self.served_slots |= set(slots)
+
     def adopt(self, slots: Iterable[int]) -> None:
         self.adopted.append(set(slots))
         self.served_slots |= set(slots)
@@ -211,7 +214,7 @@ def test_a_lost_slot_has_its_iterations_cancelled_and_nothing_recorded() -> None
     assert s.events == [] and s.catalog.flushes == 0
 
 
-def test_a_gained_slot_fences_its_writers_then_takes_the_tables_rows_rolled_forward() -> None:
+def test_a_gained_slot_is_served_at_once_and_its_writers_are_fenced_by_the_seal() -> None:
     durable = row("t3", 3, watermark=5)
     behind = row("t3", 4, watermark=1)  # the history shows its job reached 8
     ahead_in_memory = replace(row("t3", 5), log_offset=9)  # a message the table lacks
@@ -222,19 +225,28 @@ def test_a_gained_slot_fences_its_writers_then_takes_the_tables_rows_rolled_forw
     assert s.handover.ours([kept]) == []  # slot 3 is not ours yet: held back
     s.handover.run()
 
-    fenced = [Signed("writer-before-3", 2**62)]
-    assert s.events[:2] == [
-        ("fence", "/state/history", fenced),
-        ("fence", "/state/catalog", fenced),
-    ]
+    # the rows as the tables hold them, rolled forward, and the tables served: this
+    # micro-batch's selection plans their iterations
     ((durable_rows, ahead, gone),) = s.catalog.adopted
     assert durable_rows == [durable, replace(behind, watermark=8, watermark_ts=T0)]
     assert ahead == [ahead_in_memory]
     assert gone == []
     assert s.catalog.staged == {r.row_id: r for r in durable_rows}
-    assert s.events[2] == ("forget", sorted(r.row_id for r in (*durable_rows, *ahead)))
+    assert s.events == [("forget", sorted(r.row_id for r in (*durable_rows, *ahead)))]
+    assert s.owner.serves("db", "t3")
+    # nothing is fenced, recorded or vouched for before the seal
+    assert s.outcomes.recorded == [] and s.owner.adopted == []
+
+    s.handover.seal()
+    fenced = [Signed("writer-before-3", 2**62)]
+    assert sorted(s.events[1:]) == [
+        ("fence", "/state/catalog", fenced),
+        ("fence", "/state/history", fenced),
+    ]
     assert s.outcomes.recorded == [kept]  # the verdict held back is recorded now
     assert s.owner.adopted == [{3}]
+    s.handover.seal()  # sealed once
+    assert len(s.events) == 3
 
 
 def test_a_clustered_instance_sees_records_and_signs_only_for_its_slots() -> None:

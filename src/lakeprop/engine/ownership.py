@@ -99,8 +99,11 @@ class SoleOwner:
         """Signatures that fence the writers which held ``claims``' slots before."""
         return []
 
+    def serve(self, slots: Iterable[int]) -> None:
+        """The micro-batch thread reloaded these slots: serve their tables."""
+
     def adopt(self, slots: Iterable[int]) -> None:
-        """The micro-batch thread fenced the predecessors and reloaded these slots."""
+        """The micro-batch thread also fenced these slots' predecessors."""
 
     def drained(self, slots: Iterable[int], clean: bool = True) -> None:
         """The micro-batch thread recorded what ran on these slots (``clean``: every
@@ -203,11 +206,14 @@ class SlotOwner(SoleOwner):
             self._served &= set(self.seat.assigned())
         return handover
 
-    def adopt(self, slots: Iterable[int]) -> None:
+    def serve(self, slots: Iterable[int]) -> None:
         taken = set(slots) & self.seat.assigned()  # some may have been revoked meanwhile
         with self._lock:
             self._served |= taken
-        self.seat.adopted(taken)
+
+    def adopt(self, slots: Iterable[int]) -> None:
+        self.serve(slots)
+        self.seat.adopted(set(slots) & self.seat.assigned())
 
     def drained(self, slots: Iterable[int], clean: bool = True) -> None:
         with self._lock:

@@ -9,10 +9,18 @@ acts on it, the way a Kafka consumer's rebalance callbacks do:
 * a **revoked** slot is drained: its iterations are cancelled and waited for,
   what they did is recorded, the catalog is flushed, and then the slot is
   released;
-* a **gained** slot is taken over: the writers that held it before are fenced
-  on the catalog and the history, its jobs' rows are read as the tables hold
-  them (rolled forward from the history), and verdicts the previous owner did
-  not record are recorded.
+* a **gained** slot is taken over: its jobs' rows are read as the tables hold
+  them (rolled forward from the history) and its tables are served at once, so
+  the same micro-batch's selection plans their first iterations. Then
+  :meth:`Handover.seal`, after the selection and before this instance writes
+  the catalog or the history, fences the writers that held the slot before on
+  both, and records verdicts the previous owner did not.
+
+An iteration planned before the fences is safe: the targets are fenced by the
+job's own transaction ids, not by these, and what the iteration did is
+recorded in a later micro-batch, after them. A previous owner's write that
+lands between the reads and the fences is one the takeover did not see: the
+first iteration applies its range again, which every consumer tolerates.
 
 Between hand-overs the same object says what this instance may see and write:
 the catalog rows of the tables it serves, the iteration results and verdicts
@@ -23,8 +31,10 @@ passes everything and a hand-over never happens.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lakeprop.engine.model import IterationResult
@@ -67,6 +77,18 @@ class HandoverParts:
     drain_wait: float = DRAIN_WAIT
 
 
+@dataclass(frozen=True)
+class Unsealed:
+    """Slots taken over whose previous writers are not fenced yet (:meth:`Handover.seal`)."""
+
+    slots: frozenset[int]
+    fenced: list[shared_state.Signed]
+    verdicts: list[Verdict]
+    jobs: int
+    began: float
+    """When the take-over began (monotonic seconds)."""
+
+
 class Handover:
     """Acts on slot changes and filters what this instance records (see the module)."""
 
@@ -76,6 +98,8 @@ class Handover:
         self.unrecorded: dict[int, deque[Verdict]] = {}
         """Per slot served elsewhere: verdicts of this instance's reading of the log,
         recorded if it takes the slot over before the owner did (bounded)."""
+        self.unsealed: list[Unsealed] = []
+        """Slots taken over in this micro-batch, for :meth:`seal`."""
 
     # -- slot changes ---------------------------------------------------------------
 
@@ -120,24 +144,25 @@ class Handover:
         log.info("drained slot(s) %s: %d job(s) handed over", sorted(slots), len(refs))
 
     def _take_over(self, claims: Mapping[int, Claim]) -> None:
-        """Fence the writers that held the claimed slots before, then take their jobs'
-        rows as the tables hold them (:mod:`lakeprop.engine.takeover`), rolled
-        forward from the history, and record verdicts the previous owner did not."""
+        """Take the claimed slots' jobs' rows as the tables hold them
+        (:mod:`lakeprop.engine.takeover`), rolled forward from the history, and serve
+        their tables; :meth:`seal` fences the writers that held them before."""
         ownership, parts = self.ownership, self.parts
         catalog, history = parts.catalog, parts.history
+        began = time.monotonic()
         slots = set(claims)
-        fenced = [
-            shared_state.Signed(f.app_id, f.version) for f in ownership.fenced(claims.values())
-        ]
-        for path in (history.path, catalog.path):
-            parts.fence(path, fenced)
 
         def ours(row: CatalogRow) -> bool:
             return ownership.slot(row.database, row.table) in slots
 
-        durable = catalog.durable_rows(ours)
+        # three reads of their own: the membership topic and two state tables
+        with ThreadPoolExecutor(3, thread_name_prefix="lakeprop-takeover") as pool:
+            writers = pool.submit(ownership.fenced, claims.values())
+            durable_read = pool.submit(catalog.durable_rows, ours)
+            reached_read = pool.submit(history.latest_success)
+            fenced = [shared_state.Signed(f.app_id, f.version) for f in writers.result()]
+            durable, reached = durable_read.result(), reached_read.result()
         decided = take_over([r for r in catalog.rows() if ours(r)], durable)
-        reached = history.latest_success()
         durable_rows = [rolled_forward(r, reached) or r for r in decided.durable]
         ahead = [rolled_forward(r, reached) or r for r in decided.ahead]
         # rewrite them all under the new owner's stamp (status shows the owner)
@@ -145,15 +170,34 @@ class Handover:
         catalog.stage({r.row_id: r for r in durable_rows})
         parts.forget(r.row_id for r in (*durable_rows, *ahead))
         verdicts = [v for s in slots for v in self.unrecorded.pop(s, ())]
-        if verdicts:
-            parts.outcomes.record(verdicts, -1)
-        ownership.adopt(slots)
-        log.info(
-            "took over slot(s) %s: %d job(s), %d writer(s) fenced",
-            sorted(slots),
-            len(durable_rows) + len(ahead),
-            len(fenced),
+        ownership.serve(slots)
+        self.unsealed.append(
+            Unsealed(frozenset(slots), fenced, verdicts, len(durable_rows) + len(ahead), began)
         )
+
+    def seal(self) -> None:
+        """Fence the writers that held the slots taken over in this micro-batch on the
+        history and the catalog, before this instance writes either (a micro-batch's
+        catalog commit comes after this, its iterations' history rows in a later
+        one), and record the verdicts they did not."""
+        ownership, parts = self.ownership, self.parts
+        paths = (parts.history.path, parts.catalog.path)
+        while self.unsealed:
+            taken = self.unsealed[0]
+            if taken.fenced:
+                with ThreadPoolExecutor(2, thread_name_prefix="lakeprop-fence") as pool:
+                    list(pool.map(parts.fence, paths, [taken.fenced] * len(paths)))
+            if taken.verdicts:
+                parts.outcomes.record(taken.verdicts, -1)
+            ownership.adopt(taken.slots)
+            self.unsealed.pop(0)
+            log.info(
+                "took over slot(s) %s: %d job(s), %d writer(s) fenced, in %.2fs",
+                sorted(taken.slots),
+                taken.jobs,
+                len(taken.fenced),
+                time.monotonic() - taken.began,
+            )
 
     # -- what this instance sees and records ----------------------------------------
 

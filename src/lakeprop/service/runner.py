@@ -1,7 +1,9 @@
 """The runner: what happens in every micro-batch (``foreachBatch``), every tick.
 
 0. Slot changes, with ``cluster.enabled`` (:mod:`lakeprop.service.handover`):
-   revoked slots are drained, lost ones forgotten, gained ones taken over.
+   revoked slots are drained, lost ones forgotten, gained ones taken over
+   (their rows read; their previous writers are fenced after step 3, so their
+   first iterations start in this micro-batch).
 1. Finished iterations: their history rows are written, which makes their
    jobs' new watermarks durable (a restart rolls the catalog forward from the
    history, and the client reads watermarks there too). The catalog keeps the
@@ -211,6 +213,8 @@ class Runner:
                 self.apply_log(self._log_records(batch, batch_id), batch_id)
             with timed("selection"):
                 tick = self.tick() if self.scheduler.started else None
+            with timed("fences"):
+                self.handover.seal()
             with timed("housekeeping"):
                 self.keep_house()
             with timed("bulk"):
