@@ -40,7 +40,7 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.spec import JobKey
 
-TITLE = "rolling_restart"
+TITLE = "rolling restart"
 INSTANCES = 3
 TICK = 1.0
 """The instances' tick (``devkit.instances.Instance`` runs them at 1 s)."""
