@@ -90,6 +90,8 @@ class Instance:
             "cluster.slots": str(self.cluster.slots),
             "cluster.session_timeout": f'"{self.cluster.session_timeout:g}s"',
             "cluster.heartbeat_interval": f'"{self.cluster.heartbeat_interval:g}s"',
+            "cluster.static_membership": str(self.cluster.static_membership).lower(),
+            "cluster.group_protocol": f'"{self.cluster.group_protocol}"',
             **self.settings,
         }
         command = [
