@@ -62,7 +62,7 @@ def run(
     workdir: Path,
     bootstrap: str,
     tables: int = 12,
-    session: int = 60,
+    session: int = 180,
     gap_ms: int = 1000,
     **_: Any,
 ) -> Result:

@@ -90,7 +90,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scale_out": {"jobs": 20_000, "tables": 4_000},
         "pinned": {"tables": 24, "window": 15, "max_rate": 64},
         "object_storage": {"jobs": 1000, "ticks": 20, "rows": 1000, "repeats": 5},
-        "rolling_restart": {"tables": 12, "session": 60},
+        "rolling_restart": {"tables": 12, "session": 180},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -118,7 +118,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scale_out": {"jobs": 20_000, "tables": 4_000},
         "pinned": {"tables": 48, "window": 20, "max_rate": 128},
         "object_storage": {"jobs": 1000, "ticks": 30, "rows": 1000, "repeats": 9},
-        "rolling_restart": {"tables": 24, "session": 90},
+        "rolling_restart": {"tables": 24, "session": 180},
     },
 }
 
