@@ -118,7 +118,10 @@ class PropagationApp:
         )
         self.history = IterationHistory(spark, config.state.table_path(HISTORY_TABLE))
         self.usage = UsageTable(
-            spark, config.state.table_path(USAGE_TABLE), config.state.table_path(HISTORY_TABLE)
+            spark,
+            config.state.table_path(USAGE_TABLE),
+            config.state.table_path(HISTORY_TABLE),
+            shared=config.cluster.enabled,
         )
         engine = config.engine
         self.bulk_tables = BulkTables(

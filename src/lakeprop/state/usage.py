@@ -13,6 +13,13 @@ nothing twice; at start, when the history has commits after the table's last
 one, the service refreshes every hour from the newest one in ``usage`` on,
 which catches up what a crash left behind.
 
+With several instances the one holding slot 0 refreshes the table, and it does
+not see the others record their iterations. So each of its refreshes also
+recomputes every hour from :data:`LATE_RECORDS` before its previous refresh
+(or before its start) on, when the history has had a commit since: an
+iteration another instance recorded after the leader last refreshed its hour
+is counted then, whichever instance leads by that time.
+
 An iteration shared by several jobs (one change set fanned out) is split
 between them: each gets ``1 / members`` of its rows read, rows and bytes
 cached, Spark jobs and task time, wall time and queue wait (from planned to
@@ -22,7 +29,7 @@ an account's total is what the service really spent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -64,9 +71,23 @@ class UsageRow:
 
 USAGE_SCHEMA = spark_schema(UsageRow)
 
+LATE_RECORDS = timedelta(minutes=10)
+"""How long after its end an iteration may still be recorded in the history: at the
+owner's next micro-batch, or never (an owner that loses its slots meanwhile is
+fenced from the history, and the next owner runs the range again)."""
+
 
 def hour_of(moment: datetime) -> datetime:
     return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def hours_between(start: datetime, end: datetime) -> list[datetime]:
+    """Every hour from ``start``'s to ``end``'s, both included."""
+    hour, last, out = hour_of(start), hour_of(end), []
+    while hour <= last:
+        out.append(hour)
+        hour += timedelta(hours=1)
+    return out
 
 
 def _get(row: Any, name: str) -> Any:
@@ -116,12 +137,24 @@ def usage_of(iterations: Iterable[Any]) -> list[UsageRow]:
 class UsageTable:
     """The ``usage`` Delta table, refreshed from the iteration history."""
 
-    def __init__(self, spark: SparkSession, path: str, history_path: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        path: str,
+        history_path: str,
+        shared: bool = False,
+        clock: Callable[[], datetime] = datetime.now,
+    ) -> None:
         self.spark = spark
         self.path = path
         self.history_path = history_path
         self.pending: set[datetime] = set()
         """Hours with history rows the table does not reflect yet."""
+        self.shared = shared
+        """Other instances record iterations too (see the module)."""
+        self.clock = clock
+        self._refreshed_at = clock()
+        self._history_seen: int | None = None
 
     def ensure(self) -> None:
         state.ensure_table(self.spark, self.path, USAGE_SCHEMA)
@@ -159,6 +192,11 @@ class UsageTable:
     def refresh(self) -> int:
         """Recompute the due hours from the history and replace their rows; returns
         the rows written (0, and no commit, when nothing is due)."""
+        began, seen = self.clock(), self._history_seen
+        if self.shared:
+            self._history_seen = DeltaLogProbe(self.spark).latest_version(self.history_path)
+            if self._history_seen != seen:
+                self.pending.update(hours_between(self._refreshed_at - LATE_RECORDS, began))
         if not self.pending:
             return 0
         hours = sorted(self.pending)
@@ -169,6 +207,7 @@ class UsageTable:
         rows = [r for r in usage_of(history.collect()) if r.hour in due]
         self._replace(rows)
         self.pending -= due
+        self._refreshed_at = began
         return len(rows)
 
     def _replace(self, rows: Sequence[UsageRow]) -> None:
