@@ -13,8 +13,10 @@ For each side, one after the other in this process:
 
 * **start-up**: from starting until every query has run a micro-batch (DIY), or
   until every job has its first snapshot (lakeprop);
-* **idle**, ``idle`` seconds with no commit: the driver's CPU (the JVM and this
-  Python process together), then file-system operations per minute on the side's
+* **idle**, ``idle`` seconds with no commit, ``settle`` seconds after the start
+  (the first minute or so after a start is the JIT compiling Spark's and Delta's
+  code and the start's last Spark jobs, not idling): the driver's CPU (the JVM
+  and this Python process together), then file-system operations per minute on the side's
   own files (sources, sinks, checkpoints, state), traced (:func:`traced_operations`:
   on an object store each is a paid request; Hadoop's statistics count no
   operations on a local disk);
@@ -387,7 +389,7 @@ def run(
     trigger: int = 5,
     idle: int = 60,
     trickle: int = 60,
-    settle: int = 15,
+    settle: int = 120,
     bound: int = 10,
     seed: int = 1,
 ) -> Result:
@@ -404,6 +406,7 @@ def run(
             "queries": tables * k,
             "trigger_s": trigger,
             "idle_s": idle,
+            "settle_s": settle,
             "trickle_s": trickle,
         },
         [
