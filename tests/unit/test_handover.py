@@ -249,6 +249,17 @@ def test_a_gained_slot_is_served_at_once_and_its_writers_are_fenced_by_the_seal(
     assert len(s.events) == 3
 
 
+def test_a_take_over_whose_micro_batch_failed_before_its_seal_is_sealed_first_thing() -> None:
+    s = setup({1}, [row("t3", 3)], [row("t3", 3)])
+    s.owner.changes = SlotChanges(gained={3: Claim(3, 42)})
+    s.handover.run()  # ... and the micro-batch fails before the seal
+    s.owner.changes = SlotChanges(revoking=frozenset({1}))
+    s.handover.run()
+    fences = [e for e in s.events if e[0] == "fence"]
+    assert len(fences) == 2 and s.events.index(fences[0]) < s.events.index("recorded")
+    assert s.owner.adopted == [{3}]
+
+
 def test_a_clustered_instance_sees_records_and_signs_only_for_its_slots() -> None:
     s = setup({1}, [], [])
     rows = {r.row_id: r for r in [row("t1", 1), row("t2", 2)]}

@@ -106,6 +106,7 @@ class Handover:
     def run(self) -> SlotChanges | None:
         """Act on slot changes: drain the slots being revoked, forget lost ones, take
         over gained ones. Returns what changed (None: nothing)."""
+        self.seal()  # a take-over whose micro-batch failed before its seal
         pending = self.ownership.pending()
         if not pending:
             return None
