@@ -45,26 +45,8 @@ def run(
     **_: Any,
 ) -> Result:
     result = Result(TITLE, {"tables": tables, "kills": kills, "session_s": session})
-    config = app_config(workdir, bootstrap)
-    cluster = ClusterConfig(
-        enabled=True,
-        topic=f"{config.kafka.topic}.members",
-        slots=12,
-        session_timeout=float(session),
-        heartbeat_interval=1.0,
-    )
-    paths = sources(spark, Path(config.tables.warehouse), tables)
-    names = [("db", f"t{i}") for i in range(tables)]
-    client = LakepropClient(config.kafka, config.state, spark)
-    for _, table in names:
-        client.register_job(
-            JobKey(1, "db", table, "copy"),
-            {
-                "trigger": {"kind": "greedy"},
-                "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
-            },
-        )
-    side = Fleet(spark, config, cluster, names)
+    side, paths = Fleet.with_replicas(spark, workdir, bootstrap, tables, session)
+    config, cluster, names = side.config, side.cluster, side.names
     started = {f"i{n}": Instance(f"i{n}", config, workdir, cluster).start() for n in range(3)}
     times: list[float] = []
     next_id = iter(range(1, 1_000_000))
@@ -123,6 +105,43 @@ class Fleet:
         self.names = names
         self.history = config.state.table_path(HISTORY_TABLE)
         self.watch = TableWatch(SparkScan(spark), self.history)
+
+    @classmethod
+    def with_replicas(
+        cls,
+        spark: SparkSession,
+        workdir: Path,
+        bootstrap: str,
+        tables: int,
+        session: int,
+        static: bool = False,
+    ) -> tuple[Fleet, list[str]]:
+        """A fleet's set-up: ``tables`` one-row sources ``db.t<i>``, one greedy replica
+        job each (``<source>_copy``), twelve slots and a ``session`` s session timeout;
+        the fleet and the sources' paths."""
+        config = app_config(workdir, bootstrap)
+        cluster = ClusterConfig(
+            enabled=True,
+            topic=f"{config.kafka.topic}.members",
+            slots=12,
+            session_timeout=float(session),
+            heartbeat_interval=1.0,
+            static_membership=static,
+        )
+        paths = sources(spark, Path(config.tables.warehouse), tables)
+        names = [("db", f"t{i}") for i in range(tables)]
+        client = LakepropClient(config.kafka, config.state, spark)
+        for _, table in names:
+            client.register_job(
+                JobKey(1, "db", table, "copy"),
+                {
+                    "trigger": {"kind": "greedy"},
+                    "iteration": {
+                        "consumer": {"type": "replica", "options": {"primary_key": ["id"]}}
+                    },
+                },
+            )
+        return cls(spark, config, cluster, names), paths
 
     def settled(self, expected: set[str]) -> dict[str, Member]:
         """The group once exactly ``expected`` hold all the slots between them."""

@@ -32,13 +32,11 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import Figure, Result, app_config, percentile, same_rows, sources
+from bench.common import Figure, Result, percentile, same_rows
 from bench.failover import Fleet, add_row
 from devkit.instances import Instance, claims_so_far, slots_moved, stopped_at_exit
 from devkit.waiting import assert_eventually
-from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, ClusterConfig
-from lakeprop.spec import JobKey
 
 TITLE = "rolling restart"
 INSTANCES = 3
@@ -113,27 +111,8 @@ def _round(
 ) -> Round:
     """Register the jobs, start the instances, restart each in turn under the trickle,
     and measure; every replica equals its source at the end."""
-    config = app_config(workdir, bootstrap)
-    cluster = ClusterConfig(
-        enabled=True,
-        topic=f"{config.kafka.topic}.members",
-        slots=12,
-        session_timeout=float(session),
-        heartbeat_interval=1.0,
-        static_membership=static,
-    )
-    paths = sources(spark, Path(config.tables.warehouse), tables)
-    names = [("db", f"t{i}") for i in range(tables)]
-    client = LakepropClient(config.kafka, config.state, spark)
-    for _, table in names:
-        client.register_job(
-            JobKey(1, "db", table, "copy"),
-            {
-                "trigger": {"kind": "greedy"},
-                "iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}},
-            },
-        )
-    fleet = Fleet(spark, config, cluster, names)
+    fleet, paths = Fleet.with_replicas(spark, workdir, bootstrap, tables, session, static)
+    config, cluster, names = fleet.config, fleet.cluster, fleet.names
     trickle = Trickle(spark, config, [t for _, t in names], gap)
     measured = Round()
     started = {f"i{n}": Instance(f"i{n}", config, workdir, cluster).start() for n in range(3)}
