@@ -722,12 +722,14 @@ gc_retention = "4s"
             played = self.play(running, config, started, events)
             if played and self.settings.reslot:
                 config = self.reslot(running, started)
-                self.play(running, config, started, events[: len(names)])
+                played = self.play(running, config, started, events[: len(names)])
         finally:
             for proc in running.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGCONT)
                 self.kill_tree(proc)
+        if not played:
+            return self.report
         final = load_config(str(config))
         self.catch_up(replace(final, cluster=replace(final.cluster, instance_id="final")))
         self.check()
