@@ -81,6 +81,7 @@ from lakeprop.client.api import LakepropClient, Receipt, TableWatch
 from lakeprop.client.scans import SparkScan
 from lakeprop.config import AppConfig, ClusterConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
+from lakeprop.consumers.vector_index import live_postings
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
@@ -1247,9 +1248,9 @@ gc_retention = "4s"
             index = self.spark.read.format("delta").load(
                 self.table_path(f"{key.table}_{key.job_name}__index")
             )
-            live = index.where("live").select("index_version")
+            live = live_postings(target, index, "emb")
             want = rows(source.where("emb IS NOT NULL").select("id", "emb"))
-            actual = rows(target.join(live, "index_version").select("id", "emb"))
+            actual = rows(live.select("id", "emb")) if live is not None else []
         elif kind == "aggregate_view":
             batch = source.groupBy("name").agg(
                 F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")

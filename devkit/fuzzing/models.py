@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from devkit.cdc_model import DELETE, UPSERT, Event, Scd2
 from devkit.expected import AGGREGATE_COLUMNS, aggregated
 from lakeprop.consumers.fulltext_index import Tokenizer, postings
-from lakeprop.consumers.vector_index import ivf
+from lakeprop.consumers.vector_index import ivf, live_postings
 
 Rows = list[tuple[Any, ...]]
 State = dict[int, dict[str, Any]]
@@ -92,7 +92,8 @@ def fulltext_index(source: DataFrame, target: Target) -> tuple[Rows, Rows]:
 def vector_index(source: DataFrame, target: Target) -> tuple[Rows, Rows]:
     """The live version's postings are the non-NULL vectors, each in its nearest list."""
     live = target("__index").where("live").select("index_version", "metric").first()
-    if live is None:
+    postings = live_postings(target(""), target("__index"), "emb")
+    if live is None or postings is None:
         return rows_of(source.where("emb IS NOT NULL"), ["id", "emb"]), []
     number, metric = live["index_version"], live["metric"]
     centroids = np.asarray(
@@ -105,7 +106,7 @@ def vector_index(source: DataFrame, target: Target) -> tuple[Rows, Rows]:
         ],
         dtype=np.float32,
     )
-    found = target("").where(F.col("index_version") == number).collect()
+    found = postings.collect()
     actual = sorted(((r["id"], plain(r["emb"])) for r in found), key=repr)
     misplaced = [
         (r["id"], "list", r["list_id"])

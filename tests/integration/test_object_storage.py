@@ -42,6 +42,7 @@ from devkit.s3 import LocalS3, log_audit
 from devkit.workload import SCHEMA, Workload
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
+from lakeprop.consumers.vector_index import live_postings
 from lakeprop.engine.native import NativeSettings
 from lakeprop.errors import InvalidConfigError
 from lakeprop.service.app import PropagationApp
@@ -298,12 +299,14 @@ def assert_tables_follow(spark: SparkSession, database: str, path: str) -> None:
 
 def assert_vectors_follow(spark: SparkSession, database: str, path: str) -> None:
     """The live index version's postings hold every vector of the source, once."""
-    live = spark.read.format("delta").load(f"{database}/vecs_near__index").where("live")
+    live = live_postings(
+        spark.read.format("delta").load(f"{database}/vecs_near"),
+        spark.read.format("delta").load(f"{database}/vecs_near__index"),
+        "emb",
+    )
+    assert live is not None
     assert_df_equality(
-        spark.read.format("delta")
-        .load(f"{database}/vecs_near")
-        .join(live.select("index_version"), "index_version")
-        .select("id", "emb"),
+        live.select("id", "emb"),
         spark.read.format("delta").load(path).select("id", "emb"),
         ignore_row_order=True,
         ignore_nullable=True,

@@ -32,7 +32,7 @@ from lakeprop.client.search import search as search_text
 from lakeprop.client.vectors import VectorSearch, hybrid_search, reciprocal_rank_fusion
 from lakeprop.config import AppConfig
 from lakeprop.consumers.base import ConsumerContext
-from lakeprop.consumers.vector_index import VectorError, VectorIndexConsumer, ivf
+from lakeprop.consumers.vector_index import VectorError, VectorIndexConsumer, ivf, live_postings
 from lakeprop.consumers.vector_index.builds import BUILDS, Builds
 from lakeprop.consumers.vector_index.versions import IndexTables
 from lakeprop.errors import InvalidConsumerOptionsError
@@ -89,16 +89,12 @@ def changes(spark: SparkSession, path: str, start: int, end: int) -> DataFrame:
     )
 
 
-def postings(spark: SparkSession, config: AppConfig, table: str, live: bool = True) -> DataFrame:
+def postings(spark: SparkSession, config: AppConfig, table: str) -> DataFrame:
     base = f"{config.tables.warehouse}/kb/{table}_vec"
-    number = (
-        spark.read.format("delta")
-        .load(f"{base}__index")
-        .where("live")
-        .select("index_version")
-        .first()[0]
-    )
-    return spark.read.format("delta").load(base).where(F.col("index_version") == number)
+    read = spark.read.format("delta")
+    live = live_postings(read.load(base), read.load(f"{base}__index"), "emb")
+    assert live is not None
+    return live
 
 
 def assert_index_holds(
@@ -302,6 +298,53 @@ def test_a_build_runs_while_tails_go_on_and_a_cut_switch_loses_nothing(
     # the rows of the first attempt were replaced, not doubled
     everything = spark.read.format("delta").load(f"{app_config.tables.warehouse}/kb/drift_vec")
     assert everything.where("index_version = 2").count() == source.count() == 390
+
+
+def as_legacy(spark: SparkSession, base: str) -> None:
+    """Rewrite the live version of the index at ``base`` as indexes were written before
+    the ``float32`` encoding: the vector as ``array<float>``, no ``encoding`` column."""
+    read = spark.read.format("delta")
+    live = live_postings(read.load(base), read.load(f"{base}__index"), "emb")
+    assert live is not None
+    old = live.select("index_version", "list_id", "id", "emb", "cat").localCheckpoint()
+    postings = old.write.format("delta").partitionBy("index_version", "list_id")
+    pointer = read.load(f"{base}__index").drop("encoding").write.format("delta")
+    for table, writer in ((base, postings), (f"{base}__index", pointer)):
+        writer.mode("overwrite").option("overwriteSchema", "true").save(table)
+
+
+def test_an_index_of_the_array_encoding_is_searched_and_rebuilt_in_float32(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """An index written before the ``float32`` encoding serves searches and tails as
+    it is; its first tail builds the next version in ``float32`` in the background,
+    and the tail after switches to it."""
+    drift = Drifting(spark, app_config, "legacy", 5)
+    options = {**RETRAINING, "include": ["cat"], "retrain": {"enabled": False}}
+    consumer = consumer_for(spark, app_config, "legacy", options)
+    consumer.snapshot(drift.source(), 1)
+    base = f"{app_config.tables.warehouse}/kb/legacy_vec"
+    as_legacy(spark, base)
+    assert [v.encoding for v in consumer.tables.versions()] == [ivf.LEGACY]
+    search = searcher(app_config, "legacy", options)
+    query = vector(random.Random(5), 2)
+    assert [h.key["id"] for h in search.search(query, k=5, nprobe=4)] == brute_force(
+        drift.source(), query, 5
+    )
+
+    drift.table.update(F.col("id") < 10, {"emb": F.transform("emb", lambda x: x + 1.0)})  # v2
+    assert drift.tail(consumer, 2) == 10  # applied to the array version; a build starts
+    assert_index_holds(spark, app_config, "legacy", drift.source())
+    assert BUILDS.wait(timeout=120)
+    drift.table.delete(F.col("id") == 20)  # v3
+    assert drift.tail(consumer, 3) == 1  # the build is made equal to the live one, switched
+    live = next(v for v in consumer.tables.versions() if v.live)
+    assert (live.index_version, live.encoding) == (2, ivf.ENCODING)
+    assert live.built_because == "its postings are in the array encoding"
+    assert_index_holds(spark, app_config, "legacy", drift.source())
+    for query in (vector(random.Random(6), c) for c in range(4)):
+        found = [h.key["id"] for h in search.search(query, k=5, nprobe=4)]
+        assert found == brute_force(drift.source(), query, 5)
 
 
 def test_a_build_left_running_by_an_instance_that_lost_the_job_never_lands_on_the_live_index(

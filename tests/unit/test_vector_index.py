@@ -11,6 +11,8 @@ import pytest
 
 from lakeprop.client.vectors import (
     Condition,
+    ListCache,
+    ProbedList,
     SearchError,
     filter_expression,
     parse_filter,
@@ -73,6 +75,47 @@ def test_nearest_lists_and_sampled_recall() -> None:
     assert ivf.sampled_recall(data, lists, centroids, "l2", 1) == 1.0  # blobs: 10 in own list
     mixed = np.roll(lists, 25)  # a quarter of each list's members are another blob's
     assert ivf.sampled_recall(data, mixed, centroids, "l2", 1) < 0.9
+
+
+def test_the_float32_encoding_round_trips_and_reads_as_a_view() -> None:
+    vectors = blobs(per=5, centres=2, dim=3)
+    column = pa.array([*vectors.tolist(), None], pa.list_(pa.float64()))
+    stored = ivf.to_bytes(column)
+    assert stored.type == pa.binary() and stored.null_count == 1
+    assert stored[0].as_py() == vectors[0].astype("<f4").tobytes()
+    present = stored.slice(2, 6)  # an offset into the buffers, as a file's slice has
+    read = ivf.from_bytes(present, 3)
+    assert np.array_equal(read, vectors[2:8]) and not read.flags.owndata
+    assert np.array_equal(
+        ivf.stored_vectors(pa.chunked_array([stored[:10]]), 3, "float32"), vectors
+    )
+    assert np.array_equal(ivf.stored_vectors(column[:10], 3, "array"), vectors)
+    with pytest.raises(PermanentError, match="not all 4 float32"):
+        ivf.from_bytes(stored[:10], 4)
+    # Spark reads go through the decoder: the bytes back as a list column in their place
+    batch = pa.RecordBatch.from_arrays([pa.array(range(11)), stored], names=["id", ivf.BYTES])
+    (decoded,) = ivf.decoder("emb", 3)(iter([batch]))
+    assert decoded.schema.names == ["id", "emb"]
+    assert decoded.column(1).to_pylist() == [
+        *column[:10].cast(pa.list_(pa.float32())).to_pylist(),
+        None,
+    ]
+
+
+def test_the_list_cache_keeps_the_recent_lists_within_its_bytes() -> None:
+    def probed(rows: int) -> ProbedList:
+        return ProbedList(pa.table({"id": list(range(rows))}), np.zeros((rows, 4), np.float32))
+
+    size = probed(10).nbytes
+    cache = ListCache(capacity=2 * size)
+    cache.put(("a.parquet",), probed(10))
+    cache.put(("b.parquet",), probed(10))
+    assert cache.get(("a.parquet",)) is not None  # a is now the most recent
+    cache.put(("c.parquet",), probed(10))  # b goes
+    assert cache.get(("b.parquet",)) is None and cache.get(("c.parquet",)) is not None
+    assert cache.used == 2 * size and (cache.hits, cache.misses) == (2, 1)
+    cache.put(("huge.parquet",), probed(1000))  # larger than the cache: not kept
+    assert cache.get(("huge.parquet",)) is None and cache.used == 2 * size
 
 
 def test_default_shape() -> None:

@@ -7,8 +7,11 @@
 
 A search follows the index's pointer (``<target>__index``) to the live
 version, ranks the centroids of that version, reads the files of the
-``nprobe`` nearest lists of the postings (delta-rs prunes them by partition
-values from the log) and ranks their vectors exactly with numpy. A ``filter``
+``nprobe`` nearest lists of the postings (found by their partition values in
+the Delta log, kept until the pointer moves) and ranks their vectors exactly
+with numpy. The lists it read stay in a small cache (:class:`ListCache`),
+keyed by their files, so a warm searcher reads only the lists it has not
+probed lately. A ``filter``
 over included columns is applied to the probed rows; when fewer than ``k``
 pass, more lists are probed (nearest first), up to ``max_nprobe``, so a
 selective filter still finds ``k`` results where they exist.
@@ -26,6 +29,7 @@ and a vector job of the same table.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +40,7 @@ from lakeprop.client.lake import Lake, local_times, scan, storage_of
 from lakeprop.client.search import SearchError, bm25, job_options, table_path
 from lakeprop.config import AppConfig
 from lakeprop.consumers.fulltext_index import Tokenizer
-from lakeprop.consumers.vector_index import ivf, vector_array
+from lakeprop.consumers.vector_index import ivf
 from lakeprop.spec import JobKey, target_table
 
 RRF_K = 60
@@ -134,18 +138,101 @@ class IndexLocation:
     centroids: str
 
 
-class VectorSearch:
-    """Searches one ``vector_index`` job's index; keep it to search again warm."""
+CACHE_BYTES = 64 << 20
+"""The default size of a searcher's cache of probed lists (vectors and columns)."""
 
-    def __init__(self, location: IndexLocation, options: Mapping[str, Any], lake: Lake) -> None:
+
+@dataclass(frozen=True)
+class ProbedList:
+    """One list of one index version as read: its columns, and its vectors."""
+
+    rows: Any
+    """An Arrow table of the key and included columns."""
+    vectors: ivf.Vectors
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes) + int(self.vectors.nbytes)
+
+
+class ListCache:
+    """Probed lists, least recently used first out past ``capacity`` bytes. A list is
+    keyed by the Parquet files that hold it: Delta files never change, so an entry
+    is valid as long as a version of the table still names those files, and a
+    list rewritten by a tail or a new version is a new key."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.hits = 0
+        self.misses = 0
+        self._lists: OrderedDict[tuple[str, ...], ProbedList] = OrderedDict()
+
+    def get(self, files: tuple[str, ...]) -> ProbedList | None:
+        found = self._lists.get(files)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._lists.move_to_end(files)
+        return found
+
+    def put(self, files: tuple[str, ...], probed: ProbedList) -> None:
+        if probed.nbytes > self.capacity or files in self._lists:
+            return
+        self._lists[files] = probed
+        self.used += probed.nbytes
+        while self.used > self.capacity:
+            _, old = self._lists.popitem(last=False)
+            self.used -= old.nbytes
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The postings table as of one pointer version: its Arrow dataset, and the
+    files of each (index version, list)."""
+
+    dataset: Any
+    files: dict[tuple[int, int], list[Any]]
+
+    @classmethod
+    def of(cls, dataset: Any) -> _Layout:
+        import pyarrow.dataset as ds
+
+        files: dict[tuple[int, int], list[Any]] = {}
+        for fragment in dataset.get_fragments():
+            keys = ds.get_partition_keys(fragment.partition_expression)
+            files.setdefault((int(keys["index_version"]), int(keys["list_id"])), []).append(
+                fragment
+            )
+        return cls(dataset, files)
+
+    def fragments(self, number: int, list_id: int) -> list[Any]:
+        return self.files.get((number, list_id), [])
+
+
+class VectorSearch:
+    """Searches one ``vector_index`` job's index; keep it to search again warm.
+
+    It keeps the lists it probed in a cache of ``cache_bytes`` (see
+    :class:`ListCache`); 0 turns it off."""
+
+    def __init__(
+        self,
+        location: IndexLocation,
+        options: Mapping[str, Any],
+        lake: Lake,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
         self.location = location
         self.key_columns: list[str] = list(options["key"])
         self.vector: str = options["vector"]
         self.include: list[str] = list(options.get("include") or [])
         self.lake = lake
+        self.cache = ListCache(cache_bytes)
         self._live: tuple[int, dict[str, Any], ivf.Vectors] | None = None
         self._pointer_version: int | None = None
-        self._postings_at: tuple[int | None, Any] | None = None
+        self._layout_at: tuple[int | None, _Layout] | None = None
 
     @classmethod
     def for_job(cls, config: AppConfig, key: JobKey) -> VectorSearch:
@@ -167,6 +254,7 @@ class VectorSearch:
         if not rows:
             raise SearchError(f"the index at {self.location.postings} has no live version")
         meta = rows[0]
+        meta["encoding"] = meta.get("encoding") or ivf.LEGACY
         number = int(meta["index_version"])
         centroids = self.lake.read(
             self.location.centroids, ["list_id", "centroid"], ds.field("index_version") == number
@@ -193,7 +281,7 @@ class VectorSearch:
         """The ``k`` nearest rows to ``vector``, nearest first, at one index version."""
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
-        number, meta, centroids = self.live()
+        _, meta, centroids = self.live()
         query = np.asarray(vector, dtype=np.float32)
         if query.ndim != 1 or len(query) != int(meta["dimension"]) or not np.isfinite(query).all():
             raise SearchError(
@@ -207,46 +295,110 @@ class VectorSearch:
         bound = min(max_nprobe or 4 * width, lists)
         conditions = filter_expression(parse_filter(filter, self.include))
         order = ivf.nearest_lists(query, centroids, metric, lists) if len(centroids) else [0]
-        probed = [self._read(number, order[:width], conditions)]
-        while conditions is not None and sum(t.num_rows for t in probed) < k and width < bound:
+        probed = self._probe(meta, order[:width], conditions)
+        while conditions is not None and sum(len(p.vectors) for p in probed) < k and width < bound:
             wider = min(bound, width * 2)
-            probed.append(self._read(number, order[width:wider], conditions))
+            probed += self._probe(meta, order[width:wider], conditions)
             width = wider
         return self._ranked(probed, query, metric, k)
 
-    def _read(self, number: int, lists: Sequence[int], conditions: Any) -> Any:
-        files = [("index_version", "=", str(number)), ("list_id", "in", [str(i) for i in lists])]
-        dataset = self._postings().to_pyarrow_dataset(file_pruning_predicate=files)
-        columns = [*self.key_columns, self.vector, *self.include]
-        return scan(dataset, columns, conditions)
+    def _probe(
+        self, meta: Mapping[str, Any], lists: Sequence[int], conditions: Any
+    ) -> list[ProbedList]:
+        """The rows of ``lists`` that pass ``conditions``, list by list, from the cache
+        or read (the lists not cached in one scan)."""
+        layout, number = self._layout(), int(meta["index_version"])
+        keys = {i: tuple(sorted(f.path for f in layout.fragments(number, i))) for i in lists}
+        found = {i: self.cache.get(keys[i]) for i in lists}
+        missing = [i for i in lists if found[i] is None]
+        if missing:
+            read = self._read(layout, meta, missing)
+            for i in missing:
+                found[i] = read[i]
+                self.cache.put(keys[i], read[i])
+        out = [found[i] for i in lists]
+        return [_filtered(p, conditions) for p in out if p is not None]
 
-    def _postings(self) -> Any:
-        """The postings table, opened again only when the pointer moved: every
+    def _read(
+        self, layout: _Layout, meta: Mapping[str, Any], lists: Sequence[int]
+    ) -> dict[int, ProbedList]:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        number, dimension = int(meta["index_version"]), int(meta["dimension"])
+        empty = np.empty((0, dimension), dtype=np.float32)
+        stored = self.vector if meta["encoding"] == ivf.LEGACY else ivf.BYTES
+        columns = [*self.key_columns, *self.include]
+        fragments = [f for i in lists for f in layout.fragments(number, i)]
+        base = layout.dataset
+        table = scan(
+            ds.FileSystemDataset(fragments, base.schema, base.format, base.filesystem),
+            [*columns, stored, "list_id"],
+        )
+        batches: dict[int, list[Any]] = {i: [] for i in lists}
+        for batch in table.to_batches():  # a batch comes from one file: of one list
+            if batch.num_rows:
+                batches[int(batch.column("list_id")[0].as_py())].append(batch)
+        out = {}
+        for i, found in batches.items():
+            rows = pa.Table.from_batches(found, table.schema)
+            vectors = [
+                ivf.stored_vectors(b.column(stored), dimension, str(meta["encoding"]))
+                for b in found
+            ]
+            out[i] = ProbedList(
+                rows.select(columns),
+                vectors[0] if len(vectors) == 1 else np.concatenate(vectors or [empty]),
+            )
+        return out
+
+    def _layout(self) -> _Layout:
+        """The postings' files by list, found again only when the pointer moved: every
         iteration writes the pointer after its postings, so the postings as opened
         hold at least what the live version's pointer row says."""
-        if self._postings_at is None or self._postings_at[0] != self._pointer_version:
-            self._postings_at = (self._pointer_version, self.lake.open(self.location.postings))
-        return self._postings_at[1]
+        if self._layout_at is None or self._layout_at[0] != self._pointer_version:
+            dataset = self.lake.open(self.location.postings).to_pyarrow_dataset()
+            self._layout_at = (self._pointer_version, _Layout.of(dataset))
+        return self._layout_at[1]
 
     def _ranked(
-        self, tables: list[Any], query: ivf.Vectors, metric: str, k: int
+        self, probed: list[ProbedList], query: ivf.Vectors, metric: str, k: int
     ) -> list[VectorHit]:
-        import pyarrow as pa
-
-        table = pa.concat_tables(tables)
-        if table.num_rows == 0:
+        probed = [p for p in probed if len(p.vectors)]
+        if not probed:
             return []
-        base = vector_array(table.column(self.vector).combine_chunks(), len(query))
-        rows, found = ivf.top_k(query, base, metric, k)
-        picked = local_times(table.take(pa.array(rows)).to_pylist())
-        return [
-            VectorHit(
-                key={c: row[c] for c in self.key_columns},
-                distance=float(distance),
-                columns={c: row[c] for c in self.include},
+        found = np.concatenate(
+            [ivf.distances(query.reshape(1, -1), p.vectors, metric)[0] for p in probed]
+        )
+        starts = np.cumsum([0] + [len(p.vectors) for p in probed])
+        k = min(k, len(found))
+        best = np.argpartition(found, k - 1)[:k]
+        best = best[np.lexsort((best, found[best]))]  # ties by row, so results are stable
+        hits = []
+        for at in best:
+            which = int(np.searchsorted(starts, at, side="right")) - 1
+            row = local_times(probed[which].rows.slice(int(at - starts[which]), 1).to_pylist()[0])
+            hits.append(
+                VectorHit(
+                    key={c: row[c] for c in self.key_columns},
+                    distance=float(found[at]),
+                    columns={c: row[c] for c in self.include},
+                )
             )
-            for row, distance in zip(picked, found, strict=True)
-        ]
+        return hits
+
+
+def _filtered(probed: ProbedList, conditions: Any) -> ProbedList:
+    """The rows of a list that pass ``conditions`` (an Arrow expression, or None)."""
+    if conditions is None:
+        return probed
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    numbered = probed.rows.append_column("__row", pa.array(np.arange(probed.rows.num_rows)))
+    kept = ds.dataset(numbered).to_table(filter=conditions, use_threads=False)
+    rows = kept.column("__row").to_numpy()
+    return ProbedList(kept.drop_columns(["__row"]), probed.vectors[rows])
 
 
 def _location(config: AppConfig, key: JobKey, options: Mapping[str, Any]) -> IndexLocation:

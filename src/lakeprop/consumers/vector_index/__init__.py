@@ -18,8 +18,10 @@ Options::
 Three Delta tables hold the index:
 
 * ``<target>``, the postings: ``index_version``, ``list_id``, the key, the
-  vector (``array<float>``, unit length for ``cosine``) and the included
-  columns, **partitioned by** ``(index_version, list_id)``. A search reads the
+  vector as ``vector_bytes`` (its ``float32`` values, little-endian, unit
+  length for ``cosine``; see :mod:`.ivf` for the ``array`` encoding of older
+  versions) and the included columns, **partitioned by**
+  ``(index_version, list_id)``. A search reads the
   files of the lists it probes and no others, pruned from the Delta log by
   partition values alone; clustering would leave file boundaries to OPTIMIZE
   and mix lists in a file.
@@ -43,7 +45,7 @@ from lakeprop.consumers.vector_index import ivf
 from lakeprop.consumers.vector_index.builds import MAX_SAMPLE, SAMPLE_PER_LIST
 from lakeprop.consumers.vector_index.consumer import VectorError, VectorIndexConsumer
 from lakeprop.consumers.vector_index.ivf import vector_array
-from lakeprop.consumers.vector_index.versions import IndexVersion
+from lakeprop.consumers.vector_index.versions import IndexVersion, decoded, live_postings
 
 __all__ = [
     "MAX_SAMPLE",
@@ -51,6 +53,8 @@ __all__ = [
     "IndexVersion",
     "VectorError",
     "VectorIndexConsumer",
+    "decoded",
     "ivf",
+    "live_postings",
     "vector_array",
 ]

@@ -111,7 +111,13 @@ class IndexWriter(Protocol):
 
     def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame: ...
 
-    def merge(self, source: DataFrame, number: int, at: int, app_id: str | None = None) -> None: ...
+    def merge(
+        self,
+        source: DataFrame,
+        index: IndexVersion,
+        at: int,
+        app_id: str | None = None,
+    ) -> None: ...
 
     def on_session(self, session: SparkSession) -> IndexWriter: ...
 
@@ -122,9 +128,10 @@ def build_app_id(writer: IndexWriter, number: int) -> str:
     return f"{writer.context.txn_app_id}-v{number}"
 
 
-def start(writer: IndexWriter, number: int, dimension: int, because: str) -> None:
-    """Build index version ``number`` from the live postings as they are now, on a
+def start(writer: IndexWriter, live: IndexVersion, dimension: int, because: str) -> None:
+    """Build the version after ``live`` from the live postings as they are now, on a
     thread of its own: tails go on against the live version meanwhile."""
+    number = live.index_version + 1
     context = writer.context
     postings = writer.tables.postings
     read_at = DeltaLogProbe(context.spark).latest_version(postings.location())
@@ -138,12 +145,7 @@ def start(writer: IndexWriter, number: int, dimension: int, because: str) -> Non
         builder.context.spark.sparkContext.setJobGroup(
             f"lakeprop-index-build-{context.job_id}", f"index version {number}"
         )
-        source = builder.tables.postings
-        vectors = (
-            source.load(source.reader().option("versionAsOf", read_at))
-            .where(F.col("index_version") == number - 1)
-            .select(*writer.options.columns)
-        )
+        vectors = builder.tables.postings_of(live, at=read_at)
         return build_version(builder, vectors, None, dimension, number, read_at, because, txn=txn)
 
     log.info("building index version %s of %s: %s", number, postings, because)
@@ -173,7 +175,7 @@ def fence(writer: IndexWriter, number: int, app_id: str | None = None) -> int:
 
 
 def reconcile(
-    writer: IndexWriter, build: Build, live_number: int, dimension: int, version: int
+    writer: IndexWriter, build: Build, live: IndexVersion, dimension: int, version: int
 ) -> IndexVersion:
     """The finished build, fenced and then made equal to the live version as it is
     now: one MERGE of every key whose row differs between the two.
@@ -185,9 +187,10 @@ def reconcile(
     is not the nearest of the version's centroids as they are now moves to it."""
     opts, tables = writer.options, writer.tables
     after = fence(writer, build.number)
-    built_rows, now = tables.live_postings(build.number), tables.live_postings(live_number)
+    target: IndexVersion = build.result
+    built_rows, now = tables.postings_of(target), tables.postings_of(live)
     centroids = tables.centroids(build.number)
-    placed = tables.postings_with_lists(build.number)
+    placed = tables.postings_of(target, lists=True)
     misplaced = (
         writer.assigned(placed.drop("list_id"), centroids, dimension)
         .withColumnRenamed("list_id", "__nearest")
@@ -207,10 +210,10 @@ def reconcile(
     changed = int(source.count())
     if changed:
         app_id = build_app_id(writer, build.number)
-        writer.merge(source, build.number, after, app_id)
+        writer.merge(source, target, after, app_id)
     lists = len(centroids)
-    built: IndexVersion = replace(
-        build.result,
+    built = replace(
+        target,
         lists=lists,
         nprobe=min(opts.nprobe or ivf.default_nprobe(max(lists, 1)), max(lists, 1)),
         source_version=version,
@@ -254,16 +257,23 @@ def build_version(
     else:
         centroids = np.empty((0, dimension), dtype=np.float32)
     postings = tables.postings
+    stored = [ivf.BYTES if c == opts.vector else c for c in opts.columns]
     ordered = writer.assigned(vectors, centroids, dimension).select(
-        F.lit(number).cast("long").alias("index_version"), "list_id", *opts.columns
+        F.lit(number).cast("long").alias("index_version"), "list_id", *stored
     )
-    replace_all = fresh and (not postings.exists() or shape(postings) != shape(ordered))
+    # versions of another encoding or configuration keep their columns beside these
+    # (NULL in this version's rows) unless a column's type changed
+    replace_all = fresh and (
+        not postings.exists() or not set(shape(ordered)) <= set(shape(postings))
+    )
     tables.write_centroids(number, centroids, build_txn, replace_all)
     if not tables.done(postings, build_txn):
         out = (
-            ordered.write.format("delta")
+            ordered.repartition("list_id")  # a file per list: a search opens few
+            .write.format("delta")
             .partitionBy("index_version", "list_id")
             .mode("overwrite")
+            .option("mergeSchema", "true")
             .options(**build_txn)
         )
         postings.save(replacing(out, number, replace_all or not postings.exists()))
@@ -280,5 +290,6 @@ def build_version(
         source_version=version,
         built_because=because,
         built_by=writer.context.txn_app_id,
+        encoding=ivf.ENCODING,
     )
     return tables.measure(built, recall=True)

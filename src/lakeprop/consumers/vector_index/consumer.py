@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     DoubleType,
     FloatType,
     IntegerType,
@@ -41,6 +42,8 @@ from lakeprop.consumers.vector_index.options import NAME, VectorOptions, validat
 from lakeprop.consumers.vector_index.versions import (
     QUARANTINE,
     IndexTables,
+    IndexVersion,
+    stored_column,
 )
 from lakeprop.errors import (
     ErrorCode,
@@ -179,7 +182,7 @@ class VectorIndexConsumer(Consumer):
         ).localCheckpoint()
         written = int(source.count())
         if written:
-            self.merge(source, live.index_version, to_version)
+            self.merge(source, live, to_version)
         updated = replace(
             live,
             dimension=dimension,
@@ -191,17 +194,19 @@ class VectorIndexConsumer(Consumer):
         reasons = opts.retrain.reasons(measured.drift())
         if live.lists == 0 and written:
             reasons = ["untrained"]
+        if live.encoding != ivf.ENCODING:
+            reasons.append(f"its postings are in the {live.encoding} encoding")
         app_id = self.context.txn_app_id
         build = builds.BUILDS.get(app_id)
         if build is not None and build.done:
             builds.BUILDS.forget(app_id)
             if build.error is None and build.number == live.index_version + 1:
-                built = builds.reconcile(self, build, live.index_version, dimension, to_version)
+                built = builds.reconcile(self, build, live, dimension, to_version)
                 tables.switch(built, replace(measured, live=False), to_version)
                 return written
             build = None  # failed, or of a version switched to since: start again if need be
         if reasons and build is None:
-            builds.start(self, live.index_version + 1, dimension, "; ".join(reasons))
+            builds.start(self, live, dimension, "; ".join(reasons))
         tables.write_index([measured, *(v for v in versions if not v.live)], to_version)
         return written
 
@@ -271,9 +276,16 @@ class VectorIndexConsumer(Consumer):
         self.tables.beside(QUARANTINE).save(writer)
 
     def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame:
-        """``rows`` with ``list_id``: the nearest centroid (-1 for a NULL vector)."""
+        """``rows`` with ``list_id`` (the nearest centroid, -1 for a NULL vector) and the
+        vector's bytes (:data:`.ivf.BYTES`)."""
         opts = self.options
-        schema = StructType([*rows.schema.fields, StructField("list_id", IntegerType(), False)])
+        schema = StructType(
+            [
+                *rows.schema.fields,
+                StructField("list_id", IntegerType(), False),
+                StructField(ivf.BYTES, BinaryType()),
+            ]
+        )
         return rows.mapInArrow(ivf.assigner(centroids, opts.metric, opts.vector, dimension), schema)
 
     # -- the MERGE -------------------------------------------------------------------
@@ -295,17 +307,18 @@ class VectorIndexConsumer(Consumer):
             conf.unset(TXN_APP_ID)
             conf.unset(TXN_VERSION)
 
-    def merge(self, source: DataFrame, number: int, at: int, app_id: str | None = None) -> None:
-        """MERGE ``source`` (keys with their ``list_id``; a NULL vector deletes) into
-        index version ``number`` of the postings, once per (app id, transaction
-        version ``at``)."""
-        opts = self.options
+    def merge(
+        self, source: DataFrame, index: IndexVersion, at: int, app_id: str | None = None
+    ) -> None:
+        """MERGE ``source`` (:meth:`assigned` rows; a NULL vector deletes) into the
+        postings of ``index``, once per (app id, transaction version ``at``)."""
+        opts, number = self.options, index.index_version
         matched = [F.col(f"t.{k}") == F.col(f"s.{k}") for k in opts.key]
         on: Column = reduce(
             lambda a, b: a & b,
             [*matched, F.col("t.index_version") == F.lit(number)],
         )
-        kept = ["list_id", opts.vector, *opts.include]
+        kept = ["list_id", stored_column(opts.vector, index.encoding), *opts.include]
         deleted = F.col(f"s.{opts.vector}").isNull()
         with self._transaction(app_id, at), self.context.merging_held():
             (

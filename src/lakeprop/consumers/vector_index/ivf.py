@@ -12,6 +12,17 @@ Metrics, and the ``distance`` a search reports (smaller is nearer):
 
 A vector goes to the list of its nearest centroid by the same metric (for
 ``inner_product``, the centroid with the largest inner product, as faiss does).
+
+How the postings hold a vector is the index version's ``encoding``:
+
+* ``float32`` (written since the format was introduced): ``vector_bytes``, a
+  ``binary`` column of ``4 * d`` little-endian bytes. Parquet keeps it as one
+  length and the bytes per row, and a reader maps the bytes of a whole file
+  into an ``(n, d)`` array without a per-element step;
+* ``array`` (indexes built before): the vector column as ``array<float>``,
+  whose repetition levels make reading a probed list several times slower.
+  A tail that finds its live version in it builds the next version in
+  ``float32`` and switches to it, as a re-training does.
 """
 
 from __future__ import annotations
@@ -28,6 +39,10 @@ from lakeprop.errors import ErrorCode, PermanentError
 
 Vectors = npt.NDArray[np.float32]
 METRICS = ("l2", "cosine", "inner_product")
+ENCODING, LEGACY = "float32", "array"
+"""The encoding new index versions are written in, and the one before it."""
+BYTES = "vector_bytes"
+"""The postings column of the ``float32`` encoding."""
 
 
 def vector_array(vectors: Any, dimension: int) -> Vectors:
@@ -36,11 +51,68 @@ def vector_array(vectors: Any, dimension: int) -> Vectors:
     return np.asarray(flat, dtype=np.float32).reshape(-1, dimension)
 
 
+def from_bytes(vectors: Any, dimension: int) -> Vectors:
+    """An Arrow binary column of ``float32`` vectors (no NULLs) as an ``(n, d)`` array,
+    a view of the column's data buffer when its rows lie back to back."""
+    import pyarrow as pa
+
+    if isinstance(vectors, pa.ChunkedArray):
+        vectors = vectors.combine_chunks()
+    width = 4 * dimension
+    n = len(vectors)
+    if n == 0:
+        return np.empty((0, dimension), dtype=np.float32)
+    _, offsets, data = vectors.buffers()
+    ends = np.frombuffer(offsets, dtype=np.int32, count=n + 1, offset=4 * vectors.offset)
+    start = int(ends[0])
+    if int(ends[-1]) - start == n * width and bool((np.diff(ends) == width).all()):
+        flat = np.frombuffer(data, dtype="<f4", count=n * dimension, offset=start)
+        return flat.reshape(n, dimension)
+    raise PermanentError(
+        f"stored vectors are not all {dimension} float32 values ({width} bytes)",
+        ErrorCode.CONSUMER_FAILED,
+    )
+
+
+def stored_vectors(column: Any, dimension: int, encoding: str) -> Vectors:
+    """The postings' vector column of an index version of ``encoding`` (no NULLs) as
+    an ``(n, d)`` array."""
+    import pyarrow as pa
+
+    whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return vector_array(whole, dimension) if encoding == LEGACY else from_bytes(whole, dimension)
+
+
+def to_bytes(vectors: Any) -> Any:
+    """An Arrow list column of ``float32``-castable vectors as a binary column of their
+    little-endian bytes (NULL stays NULL)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(vectors, pa.ChunkedArray):
+        vectors = vectors.combine_chunks()
+    values = pc.list_flatten(vectors).cast(pa.float32())
+    flat = np.ascontiguousarray(values.to_numpy(zero_copy_only=False), dtype="<f4")
+    sizes = pc.fill_null(pc.list_value_length(vectors), 0).to_numpy(zero_copy_only=False)
+    ends = np.zeros(len(vectors) + 1, dtype=np.int32)
+    ends[1:] = np.cumsum(sizes.astype(np.int64) * 4)
+    validity = vectors.buffers()[0] if vectors.null_count else None
+    if validity is not None and vectors.offset:
+        validity = pc.is_valid(vectors).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(vectors),
+        [validity, pa.py_buffer(ends.tobytes()), pa.py_buffer(flat.tobytes())],
+        null_count=vectors.null_count,
+    )
+
+
 def assigner(
     centroids: Vectors, metric: str, column: str, dimension: int
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A ``mapInArrow`` function adding ``list_id``: the nearest centroid of each
-    non-NULL vector, -1 for a NULL one (a delete)."""
+    """A ``mapInArrow`` function adding ``list_id`` (the nearest centroid of each
+    non-NULL vector, -1 for a NULL one, a delete) and the vector's ``float32``
+    bytes as :data:`BYTES`."""
 
     def assign_batches(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -54,11 +126,40 @@ def assigner(
                 present = vector_array(vectors.filter(pa.array(valid)), dimension)
                 ids[valid] = assign(present, centroids, metric) if len(centroids) else 0
             yield pa.RecordBatch.from_arrays(
-                [*batch.columns, pa.array(ids, pa.int32())],
-                names=[*batch.schema.names, "list_id"],
+                [*batch.columns, pa.array(ids, pa.int32()), to_bytes(vectors)],
+                names=[*batch.schema.names, "list_id", BYTES],
             )
 
     return assign_batches
+
+
+def decoder(column: str, dimension: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``mapInArrow`` function turning :data:`BYTES` back into ``column``, a list of
+    floats in its place (NULL stays NULL), for Spark's reads of ``float32`` postings."""
+
+    def decode_batches(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        for batch in batches:
+            raw = batch.column(BYTES)
+            valid = pc.is_valid(raw)
+            present = from_bytes(raw.filter(valid), dimension)
+            sizes = np.where(valid.to_numpy(zero_copy_only=False), dimension, 0)
+            offsets = np.zeros(len(raw) + 1, dtype=np.int32)
+            offsets[1:] = np.cumsum(sizes)
+            lists = pa.ListArray.from_arrays(
+                pa.array(offsets),
+                pa.array(present.reshape(-1), pa.float32()),
+                mask=pc.invert(valid),
+            )
+            names = batch.schema.names
+            yield pa.RecordBatch.from_arrays(
+                [lists if n == BYTES else batch.column(n) for n in names],
+                names=[column if n == BYTES else n for n in names],
+            )
+
+    return decode_batches
 
 
 def unit(vectors: Vectors) -> Vectors:

@@ -17,8 +17,9 @@ from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 from lakeprop.identifiers import validate_identifier
 
 NAME = "vector_index"
-INDEX_COLUMNS = ("index_version", "list_id")
-"""Columns the postings table adds to the key, vector and included columns."""
+INDEX_COLUMNS = ("index_version", "list_id", "vector_bytes")
+"""Columns the postings table adds to the key, vector and included columns (the
+last holds the vectors, :data:`.ivf.BYTES`)."""
 _ALLOWED = {
     "key",
     "vector",
@@ -173,7 +174,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidConsumerOptionsError(
             f"{NAME} option include repeats the key or vector column(s) {shared}"
         )
-    reserved = sorted({c.lower() for c in [*key, *include]} & set(INDEX_COLUMNS))
+    reserved = sorted({c.lower() for c in [*key, vector, *include]} & set(INDEX_COLUMNS))
     if reserved:
         raise InvalidConsumerOptionsError(
             f"{NAME} column(s) {reserved} clash with the index's own columns {list(INDEX_COLUMNS)}"

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import ivf
@@ -67,10 +68,16 @@ class IndexVersion:
     built_because: str = "snapshot"
     built_by: str = ""
     """The transaction app id of the job configuration that built it."""
+    encoding: str = ivf.ENCODING
+    """How its postings hold the vectors (:mod:`.ivf`); a row written before the
+    column existed is of the ``array`` encoding."""
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> IndexVersion:
-        return cls(**{f: row[f] for f in INDEX_SCHEMA.fieldNames()})
+        fields = {f: row[f] for f in INDEX_SCHEMA.fieldNames() if f in row}
+        if fields.get("encoding") is None:
+            fields["encoding"] = ivf.LEGACY
+        return cls(**fields)
 
     def measured(self, drift: ivf.Drift) -> IndexVersion:
         recall = self.recall if drift.recall is None else drift.recall
@@ -94,6 +101,36 @@ def shape(data: TableHandle | DataFrame) -> list[tuple[str, str]]:
     """Column names and types, nullability aside (a stored table's columns are nullable)."""
     schema = data.load(data.reader()).schema if isinstance(data, TableHandle) else data.schema
     return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
+def decoded(stored: DataFrame, vector: str, dimension: int) -> DataFrame:
+    """Postings of one ``float32`` index version with their vectors as ``vector``, an
+    ``array<float>`` column in the place of the stored bytes."""
+    kept = stored.drop(vector) if ivf.BYTES in stored.columns else stored
+    schema = StructType(
+        [
+            StructField(vector, ArrayType(FloatType())) if f.name == ivf.BYTES else f
+            for f in kept.schema.fields
+        ]
+    )
+    return kept.mapInArrow(ivf.decoder(vector, dimension), schema)
+
+
+def live_postings(postings: DataFrame, index: DataFrame, vector: str) -> DataFrame | None:
+    """The live version's rows of a ``postings`` table whose pointer table is ``index``,
+    the vector as ``array<float>`` whatever its encoding (None before a first
+    version): what a notebook or a check reads."""
+    row = index.where("live").first()
+    if row is None:
+        return None
+    live = IndexVersion.of(row.asDict())
+    rows = postings.where(F.col("index_version") == live.index_version)
+    return rows if live.encoding == ivf.LEGACY else decoded(rows, vector, live.dimension)
+
+
+def stored_column(vector: str, encoding: str) -> str:
+    """The postings column holding the vectors of an index version of ``encoding``."""
+    return vector if encoding == ivf.LEGACY else ivf.BYTES
 
 
 def replacing(writer: Any, number: int, replace_all: bool) -> Any:
@@ -148,22 +185,21 @@ class IndexTables:
             return np.empty((0, 0), dtype=np.float32)
         return np.asarray([r["centroid"] for r in rows], dtype=np.float32)
 
-    def live_postings(self, number: int) -> DataFrame:
-        postings = self.postings
-        return (
-            postings.load(postings.reader())
-            .where(F.col("index_version") == number)
-            .select(*self.options.columns)
+    def postings_of(
+        self, index: IndexVersion, *, lists: bool = False, at: int | None = None
+    ) -> DataFrame:
+        """The key, vector (``array<float>``, whatever the encoding) and included
+        columns of ``index``'s postings, with their ``list_id`` when ``lists``; as of
+        the postings table's version ``at`` (default: the latest)."""
+        postings, opts = self.postings, self.options
+        reader = postings.reader() if at is None else postings.reader().option("versionAsOf", at)
+        stored = [stored_column(c, index.encoding) if c == opts.vector else c for c in opts.columns]
+        rows = (
+            postings.load(reader)
+            .where(F.col("index_version") == index.index_version)
+            .select(*stored, *(["list_id"] if lists else []))
         )
-
-    def postings_with_lists(self, number: int) -> DataFrame:
-        """Index version ``number``'s postings with their ``list_id``."""
-        postings = self.postings
-        return (
-            postings.load(postings.reader())
-            .where(F.col("index_version") == number)
-            .select(*self.options.columns, "list_id")
-        )
+        return rows if index.encoding == ivf.LEGACY else decoded(rows, opts.vector, index.dimension)
 
     def done(self, table: TableHandle, txn: Mapping[str, str]) -> bool:
         """Whether the write of ``txn`` (app id, version) already committed to ``table``."""
@@ -193,12 +229,12 @@ class IndexTables:
             fraction = min(1.0, 1.1 * RECALL_SAMPLE / max(total, 1))
             sample = (
                 live.sample(fraction=fraction, seed=index.iterations)
-                .select(self.options.vector, "list_id")
+                .select(stored_column(self.options.vector, index.encoding), "list_id")
                 .limit(RECALL_SAMPLE)
                 .toArrow()
             )
             if sample.num_rows:
-                vectors = ivf.vector_array(sample.column(0).combine_chunks(), index.dimension)
+                vectors = ivf.stored_vectors(sample.column(0), index.dimension, index.encoding)
                 lists = sample.column(1).to_numpy()
                 measured = replace(
                     measured,
