@@ -3,6 +3,8 @@ tables kept next to the target, and the target's schema following the source's."
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping
 from functools import reduce
 from typing import Any
@@ -29,6 +31,8 @@ from lakeprop.tables.resolve import TableHandle
 
 TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
 """Suffixes of the tables next to the target."""
+_EXPIRY_LOOKED: dict[str, float] = {}
+"""When this process last looked for expired tombstones, per job configuration."""
 
 
 def sql_ref(table: TableHandle) -> str:
@@ -164,10 +168,21 @@ class AutoCdcConsumer(Consumer):
                 .options(**self.context.writer_options(version))
             )
             tombstones.save(writer)
-            expired = scd.expired(held, self.options.tombstone_retention)
-            if held.where(expired).limit(1).count():
-                tombstones.delta().delete(expired)
+            self._expire(scd, tombstones, held)
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def _expire(self, scd: Scd1, tombstones: TableHandle, held: DataFrame) -> None:
+        """Drop the tombstones past their retention, looked for at most once per
+        tenth of the retention (an hour at most) per job and process: each look
+        is a Spark job, and a tombstone kept a little longer harms nothing."""
+        retention = self.options.tombstone_retention
+        app_id, now = self.context.txn_app_id, time.monotonic()
+        if now - _EXPIRY_LOOKED.get(app_id, -math.inf) < min(retention / 10, 3600.0):
+            return
+        _EXPIRY_LOOKED[app_id] = now
+        expired = scd.expired(held, retention)
+        if held.where(expired).limit(1).count():
+            tombstones.delta().delete(expired)
 
     # -- SCD type 2 --------------------------------------------------------------------
 

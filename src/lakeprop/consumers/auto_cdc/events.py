@@ -26,7 +26,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
 
 from lakeprop.changes.latest import LEAVES
 from lakeprop.consumers.auto_cdc.options import NAME, CdcOptions
@@ -201,14 +201,9 @@ def prepare(
     slot = [F.when(F.col(OP) != TRUNCATE, F.col(k)).alias(k) for k in options.keys]
     events_seen = Observation("auto_cdc events")
     grouped = (
-        good.select(
-            *slot, F.col(SEQ), F.to_json(content).alias("__content"), content.alias("__event")
-        )
+        good.select(*slot, F.col(SEQ), content.alias("__event"))
         .groupBy(*options.keys, SEQ)
-        .agg(
-            F.count_distinct("__content").alias("__kinds"),
-            F.first("__event").alias("__event"),
-        )
+        .agg(*_distinct_events(good.select(content.alias("e")).schema["e"].dataType))
         .observe(
             events_seen,
             F.sum(F.when(F.col("__kinds") > 1, 1).otherwise(0)).alias("conflicts"),
@@ -252,6 +247,30 @@ def prepare(
     return Events(
         frame, seq_type, summary.get("truncate"), summary.get("deletes") or 0, quarantined
     )
+
+
+def _distinct_events(event_type: DataType) -> list[Column]:
+    """The aggregates of the events at one key and sequence: ``__kinds``, 1 when they
+    are all the same event, more when not, and ``__event``, the event. Events whose
+    type Spark can order are compared by their least and greatest, in the one
+    aggregation; others (maps) by their JSON text."""
+    event = F.col("__event")
+    if _orderable(event_type):
+        same = F.min(event).eqNullSafe(F.max(event))
+        return [F.when(same, 1).otherwise(2).alias("__kinds"), F.min(event).alias("__event")]
+    return [
+        F.count_distinct(F.to_json(event)).alias("__kinds"),
+        F.min_by(event, F.to_json(event)).alias("__event"),
+    ]
+
+
+def _orderable(data_type: DataType) -> bool:
+    """Whether Spark compares values of ``data_type`` (maps and variants it does not)."""
+    if isinstance(data_type, StructType):
+        return all(_orderable(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _orderable(data_type.elementType)
+    return not isinstance(data_type, MapType | VariantType)
 
 
 def literal(value: Any, data_type: DataType) -> Column:
