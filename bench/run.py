@@ -62,7 +62,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "many": {"tables": 3, "k": 2, "trigger": 1, "settle": 1, "idle": 2, "trickle": 3},
         "auto_cdc_plain": {"keys": 2000, "batch": 200, "commits": 2},
         "auto_cdc_scd2": {"keys": 2000, "batch": 200, "commits": 2},
-        "vectors": {"rows": 3000, "dim": 16, "queries": 20, "tail": 300},
+        "vectors": {"rows": 3000, "dim": 16, "queries": 20, "tail": 300, "executor_kmeans": 0},
         "membership": {"tables": 5000},
         "failover": {"tables": 3, "kills": 1},
         "scale_out": {"jobs": 50, "tables": 10},
