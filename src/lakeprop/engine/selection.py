@@ -62,6 +62,10 @@ class TriggerSelection:
         self.dirty = dirty
         """Commit notifications: probe only what they name (None: probe every table)."""
         self._specs: dict[JobRef, tuple[str, JobSpec]] = {}
+        self._views_of: dict[JobRef, tuple[CatalogRow, Retry | None, bool, TableRef, JobView]] = {}
+        """Each live job's view as of the last tick, with the row, retry and flight it
+        was made of: a tick builds views only for the jobs where one of them changed
+        (rows are immutable, so a changed job is a new row object)."""
         self._locations: dict[TableRef, str] = {}
         self.latest: dict[TableRef, int] = {}
         """Each table's latest version as its last probe found it (job lag, metrics)."""
@@ -111,11 +115,18 @@ class TriggerSelection:
         retries: Mapping[JobRef, Retry],
     ) -> dict[TableRef, list[JobView]]:
         by_table: dict[TableRef, list[JobView]] = {}
-        for row in rows.values():
+        cache, self._views_of = self._views_of, {}
+        for ref, row in rows.items():
             if not row.is_live or row.job_state == JobState.PAUSED:
                 continue
+            retry = retries.get(ref)
+            busy = ref in in_flight
+            held = cache.get(ref)
+            if held is not None and held[0] is row and held[1] is retry and held[2] == busy:
+                self._views_of[ref] = held  # the row, its retry and its flight as last tick
+                by_table.setdefault(held[3], []).append(held[4])
+                continue
             spec = self.spec(row)
-            retry = retries.get(row.row_id)
             view = JobView(
                 ref=row.row_id,
                 job_id=row.job_id,
@@ -125,11 +136,13 @@ class TriggerSelection:
                 share=spec.trigger.share,
                 watermark=row.watermark,
                 watermark_ts=None if row.watermark_ts is None else row.watermark_ts.timestamp(),
-                in_flight=row.row_id in in_flight,
+                in_flight=busy,
                 blocked_until=None if retry is None else retry.not_before,
                 failed=row.job_state == JobState.ERROR,
             )
-            by_table.setdefault(TableRef(row.account_id, row.database, row.table), []).append(view)
+            table = TableRef(row.account_id, row.database, row.table)
+            self._views_of[ref] = (row, retry, busy, table, view)
+            by_table.setdefault(table, []).append(view)
         return by_table
 
     def _select_table(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from lakeprop.changelog import LogRecord
@@ -35,11 +36,12 @@ class CatalogRow:
     log_partition: Int32
     log_offset: int
 
-    @property
+    @cached_property
     def key(self) -> JobKey:
+        """Built (and its names validated) once per row: every tick asks each row's."""
         return JobKey(self.account_id, self.database, self.table, self.job_name)
 
-    @property
+    @cached_property
     def row_id(self) -> JobRef:
         return (self.key, self.job_id)
 
