@@ -56,7 +56,7 @@ SPEC = JobSpec.from_json(
 )
 BATCH_SCHEMA = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
-    "timestamp TIMESTAMP, is_tick BOOLEAN"
+    "timestamp TIMESTAMP, is_wake BOOLEAN"
 )
 
 

@@ -120,11 +120,12 @@ def service_reached(config: AppConfig, key: JobKey, version: int) -> bool:
 
 
 def ticks_pass(app: PropagationApp, ticks: int = 3, timeout: float = 60.0) -> None:
-    """Wait until the service has run ``ticks`` more micro-batches (to see nothing happen)."""
-    start = app.runner.batches
+    """Wait until the service has looked ``ticks`` more times (a micro-batch, or a tick
+    with nothing due: :attr:`PropagationApp.ticks`), to see nothing happen."""
+    start = app.ticks
 
     def ticked() -> None:
-        assert app.runner.batches >= start + ticks, (start, app.runner.batches)
+        assert app.ticks >= start + ticks, (start, app.ticks)
 
     assert_eventually(ticked, timeout=timeout, interval=0.2)
 

@@ -57,3 +57,16 @@ def create_topic(
         error = exc.args[0]
         if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise BrokerError(f"could not create topic {name}: {error.str()}") from None
+
+
+def partitions(kafka: KafkaConfig, topic: str, timeout: float = 30.0) -> list[int]:
+    """The partitions of ``topic`` on the change log's broker."""
+    from confluent_kafka import KafkaException
+
+    try:
+        metadata = admin(kafka).list_topics(topic, timeout=timeout).topics[topic]
+    except KafkaException as exc:
+        raise BrokerError(f"could not read topic {topic}: {exc.args[0].str()}") from None
+    if metadata.error is not None:
+        raise BrokerError(f"could not read topic {topic}: {metadata.error.str()}")
+    return sorted(metadata.partitions)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from devkit.harness import (
     catalog_df,
@@ -34,6 +36,7 @@ from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.service.app import PropagationApp
 from lakeprop.service.observer import BatchSummary
 from lakeprop.service.stopping import PY4J_CALLBACK_LOGGER
+from lakeprop.service.stream import changelog_source
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
 from lakeprop.state.catalog import JobCatalog
@@ -277,7 +280,12 @@ def test_restart_on_the_same_checkpoint_applies_everything_exactly_once(
     )
 
 
-def test_the_query_ticks_while_the_log_is_quiet(spark: SparkSession, app_config: AppConfig) -> None:
+def test_a_quiet_service_runs_no_micro_batch_until_there_is_work(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    """After the start's micro-batch, ticks with nothing due pass without one (no
+    Spark work, no state read); a change log message starts one at once."""
+    make_source(spark, app_config, "sales", "orders")
     app = PropagationApp(spark, app_config)
     calls: list[tuple[int, int]] = []
     apply_log = app.runner.apply_log
@@ -290,13 +298,66 @@ def test_the_query_ticks_while_the_log_is_quiet(spark: SparkSession, app_config:
     query = app.start()
     try:
 
-        def ticked_three_times() -> None:
-            assert len(calls) >= 3
+        def ran(count: int) -> Callable[[], None]:
+            def check() -> None:
+                assert len(calls) >= count
 
-        assert_eventually(ticked_three_times, timeout=60)
+            return check
+
+        assert_eventually(ran(1), timeout=60)
+        ticks_pass(app, 3)
+        assert calls == [(0, 0)]
+        client.register_job(KEY, replica_spec())
+        assert_eventually(ran(2), timeout=60)
+        assert calls[1] == (1, 1)
     finally:
         app.stop_query(query)
-    assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
+        app.shutdown()
+
+
+def test_a_checkpoint_of_the_tick_source_is_carried_over(
+    spark: SparkSession, app_config: AppConfig, client: LakepropClient
+) -> None:
+    """Before the wake topic, the query's second source was a rate tick. A start on
+    such a checkpoint reads the change log on from where its last committed
+    micro-batch ended: the message that query read is not read again (it applied
+    nothing here), the one written after it is."""
+    make_source(spark, app_config, "sales", "orders")
+    client.register_job(JobKey(7, "sales", "orders", "first"), replica_spec())
+    tick = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", 1)
+        .load()
+        .select(
+            F.lit(None).cast("binary").alias("key"),
+            F.lit(None).cast("binary").alias("value"),
+            F.lit(None).cast("string").alias("topic"),
+            F.lit(None).cast("int").alias("partition"),
+            F.lit(None).cast("long").alias("offset"),
+            F.col("timestamp"),
+            F.lit(True).alias("is_wake"),
+        )
+    )
+    old = (
+        changelog_source(spark, app_config.kafka)
+        .unionByName(tick)
+        .writeStream.option("checkpointLocation", app_config.state.checkpoint_location)
+        .foreachBatch(lambda _batch, _batch_id: None)
+        .trigger(availableNow=True)
+        .start()
+    )
+    old.awaitTermination(120)
+    assert old.exception() is None
+    client.register_job(JobKey(7, "sales", "orders", "second"), replica_spec())
+
+    run_once(spark, app_config)
+
+    assert [r["job_name"] for r in catalog_df(spark, app_config).collect()] == ["second"]
+    checkpoint = Path(app_config.state.checkpoint_location)
+    carried = json.loads((checkpoint / "carried-over.json").read_text())["offsets"]
+    assert sum(carried.values()) == 1  # the first message's partition moved past it
+    retired = {p.name for p in (checkpoint / "tick-source").iterdir()}
+    assert {"commits", "metadata", "offsets"} <= retired
 
 
 def refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -313,6 +374,7 @@ def test_a_micro_batch_refused_while_the_query_stops_ends_it_as_stopped_with_one
         ticks_pass(app, 1)
         with app.runner.halted(60, lambda: not query.isActive) as between_batches:
             assert between_batches
+            app.waker.nudge()  # a micro-batch arrives
 
             def refused_and_waiting() -> None:
                 assert refusals(caplog)
@@ -355,6 +417,7 @@ def test_a_micro_batch_refused_while_halted_fails_the_query_unless_a_stop_ends_i
         ticks_pass(app, 1)
         with app.runner.halted(60, lambda: stopping) as between_batches:
             assert between_batches
+            app.waker.nudge()  # a micro-batch arrives
             with pytest.raises(StreamingQueryException) as failed:
                 query.awaitTermination(60)
             message = failed.value.getMessage()

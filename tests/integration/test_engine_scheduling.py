@@ -49,6 +49,37 @@ def append(spark: SparkSession, path: str, ids: range) -> int:
     return latest_version(spark, path)
 
 
+def test_with_a_tick_of_an_hour_work_starts_when_it_is_told_of(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """Nothing here waits for a tick: the registration (a change log message), the
+    finished snapshot and the notified commit each start a micro-batch at once."""
+    notifications = replace(
+        app_config.notifications,
+        enabled=True,
+        topic=f"{app_config.kafka.topic}.commits",
+        sweep_interval=3600.0,
+    )
+    config = replace(app_config, notifications=notifications, tick_interval=3600.0)
+    path = cdf_source(spark, config, "w", "events")
+    client = LakepropClient(
+        config.kafka, config.state, spark, tables=config.tables, notifications=notifications
+    )
+    key = JobKey(1, "w", "events", "copy")
+    with running(spark, config):
+        client.register_job(key, replica("greedy"))
+        wait_for_watermark(spark, config, key, 0)
+        version = append(spark, path, range(5))
+        client.notify_commit("w", "events", version)
+        wait_for_watermark(spark, config, key, version)
+        assert_df_equality(
+            spark.read.format("delta").load(f"{config.tables.warehouse}/w/events_copy"),
+            spark.read.format("delta").load(path),
+            ignore_row_order=True,
+        )
+    client.close()
+
+
 def test_quiet_tables_launch_no_spark_job_periodic_jobs_wait_and_dropped_jobs_are_collected(
     spark: SparkSession, app_config: AppConfig
 ) -> None:

@@ -53,12 +53,25 @@ class AppConfig:
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
     cluster: sections.ClusterConfig = field(default_factory=sections.ClusterConfig)
     tick_interval: float = duration(10.0)
-    """Seconds between micro-batches: how often the service looks for due iterations."""
+    """How often the service looks for due work it is not told of: without commit
+    notifications, every table with a job is probed once per tick; retries, periodic
+    jobs, sweeps and housekeeping run at most once per tick. A commit notice, a
+    finished iteration or a change log message starts a micro-batch at once."""
+    poll_interval: float = duration(1.0)
+    """How often the query asks the broker for change log messages and wake-ups (an
+    offset request, no micro-batch): the longest a notified commit or a registration
+    waits to start. At most ``tick_interval`` is used."""
     query_name: str = "lakeprop-changelog"
     """The streaming query's name."""
 
     def __post_init__(self) -> None:
         positive(self.tick_interval, "tick_interval")
+        positive(self.poll_interval, "poll_interval")
+
+    @property
+    def poll(self) -> float:
+        """Seconds between the query's triggers: ``poll_interval``, at most a tick."""
+        return min(self.poll_interval, self.tick_interval)
 
 
 def _expand_env(value: Any, where: str, env: Mapping[str, str]) -> Any:

@@ -35,6 +35,10 @@ class KafkaConfig:
     """Change log messages read per micro-batch at most."""
     max_message_bytes: int = 1_048_576
     """Larger change log messages are rejected (10107)."""
+    wake_topic: str = ""
+    """The topic the service writes to when it has work, which starts a micro-batch
+    (one partition, a day's retention, created at start). Empty: ``<topic>.wake.<query
+    name>``, with the instance id appended under ``cluster.enabled``."""
     delivery_timeout: float = duration(30.0)
     """How long the client waits for the broker to confirm a message."""
     options: Mapping[str, str] = field(default_factory=dict)
@@ -48,6 +52,8 @@ class KafkaConfig:
         if not self.bootstrap_servers.strip():
             raise InvalidConfigError("kafka.bootstrap_servers must not be empty")
         topic_name(self.topic, "kafka.topic")
+        if self.wake_topic:
+            topic_name(self.wake_topic, "kafka.wake_topic")
         positive(self.topic_partitions, "kafka.topic_partitions")
         positive(self.max_offsets_per_trigger, "kafka.max_offsets_per_trigger")
         positive(self.max_message_bytes, "kafka.max_message_bytes")

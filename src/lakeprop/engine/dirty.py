@@ -73,6 +73,10 @@ class DirtyTables:
         known = max(self._seen.get(table, -1), -1 if announced is None else announced.version)
         return known > since
 
+    def next_sweep(self, table: TableName) -> float:
+        """When ``table``'s sweep is due (0: it was not probed since the start)."""
+        return self._next_sweep.get(table, 0.0)
+
     def probed(self, table: TableName, latest: int | None, started: float) -> None:
         """Record a probe begun at ``started`` that found ``latest`` (None: no table)."""
         self._next_sweep[table] = started + self.sweep_interval * _spread(table)

@@ -52,7 +52,7 @@ class Housekeeping:
         self.engine = engine
         self._last_flush = clock()
         self._last_usage = self._last_flush
-        self._last_accounts = self._last_flush
+        self._last_accounts = 0.0  # at the first run: then the published loads are known
         self._last_gc = 0.0
 
     def run(self, now: float) -> list[JobRef]:
@@ -82,6 +82,23 @@ class Housekeeping:
             return []
         self._last_gc = now
         return self.collect_garbage(now)
+
+    def next_at(self, now: float) -> float:
+        """When :meth:`run` next has something to do: a flush, a refresh of the usage
+        table (when hours are pending), a publication of changed account loads, a
+        collection of dropped jobs."""
+        interval = self.engine.watermark_flush_interval
+        if self.catalog.behind:
+            interval = min(interval, self.engine.status_flush_interval)
+        times = [self._last_flush + interval, self._last_gc + self.engine.gc_interval]
+        if self.leads():
+            if self.usage is not None and self.usage.pending:
+                times.append(self._last_usage + self.engine.usage_refresh_interval)
+            if self.accounts is not None and not self.accounts.holds(
+                account_rows(self.loads(), now)
+            ):
+                times.append(self._last_accounts + self.engine.status_flush_interval)
+        return min(times)
 
     def publish_accounts(self, now: float, background: bool = False) -> None:
         """Publish the account loads (a commit only when they changed), with

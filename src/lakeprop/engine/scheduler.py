@@ -82,8 +82,12 @@ class Scheduler:
         workers: int,
         timeout_s: float,
         policy: Policy[_Task] = priority_first,
+        on_done: Callable[[], None] = lambda: None,
     ) -> None:
         self.spark = spark
+        self.on_done = on_done
+        """Called (on the thread that ended it) when an iteration's result is ready to
+        :meth:`drain`: the service wakes to record it."""
         self.workers = workers
         self.timeout_s = timeout_s
         self.policy = policy
@@ -155,6 +159,7 @@ class Scheduler:
                 self._queued.remove(task)
                 task.token.cancel(reason)
                 self._done.put(_cancelled_result(task))
+                self.on_done()
                 cancelled += 1
             for task in self._running.values():
                 if any(m.ref in refs for m in task.plan.members):
@@ -197,6 +202,7 @@ class Scheduler:
             for task in self._queued:
                 task.token.cancel(reason)
                 self._done.put(_cancelled_result(task))
+                self.on_done()
             self._queued.clear()
             for task in self._running.values():
                 self._stop(task, reason, ErrorCode.ITERATION_CANCELED)
@@ -300,6 +306,7 @@ class Scheduler:
                     self._busy_tables.discard(plan.table)
                 self._undrained[plan.iteration_id] = {m.ref for m in plan.members}
                 self._done.put(result)
+                self.on_done()
                 self._cond.notify_all()
 
     def _stop(self, task: _Task, reason: str, code: ErrorCode) -> None:

@@ -13,12 +13,13 @@ versions of a table that is gone.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
-from lakeprop.engine.triggers import JobView, is_eligible, plan_table, probe_from
+from lakeprop.engine.triggers import JobView, eligible_at, is_eligible, plan_table, probe_from
 from lakeprop.errors import ErrorCode, SourceTableError
 from lakeprop.spec import JobRef, JobSpec
 from lakeprop.state.job_row import CatalogRow
@@ -39,6 +40,13 @@ class Selected:
     """Jobs put in ``error`` because their source went away (durable)."""
     probed: int = 0
     changed_tables: int = 0
+    every_tick: bool = False
+    """A table is to be probed again on the next tick whatever happens: commit
+    notifications are off, or it has a new job without an iteration."""
+    due_at: float = math.inf
+    """The earliest time a job not planned now turns due with nothing announced: a
+    retry, a periodic interval, a table's sweep. Finished iterations, notices and
+    the change log are events, not times."""
 
 
 class TriggerSelection:
@@ -74,6 +82,9 @@ class TriggerSelection:
         """How often an unchanged table's identity is read again: a table dropped and
         re-created at its jobs' watermark version looks unchanged to the probe."""
         self._identity_checked: dict[TableRef, float] = {}
+        self.watched: frozenset[tuple[str, str]] = frozenset()
+        """(database, table) of every table with a live job, as of the last round: a
+        commit notice for one of them wakes the service."""
 
     def spec(self, row: CatalogRow) -> JobSpec:
         """The job's parsed spec (parsed again only when it changed)."""
@@ -95,18 +106,53 @@ class TriggerSelection:
     ) -> Selected:
         selected = Selected()
         due: list[tuple[TableRef, list[JobView], int | None]] = []
-        for table, views in self._views(rows, in_flight, retries).items():
+        by_table = self._views(rows, in_flight, retries)
+        self.watched = frozenset((t.database, t.table) for t in by_table)
+        for table, views in by_table.items():
             should, since = probe_from(views, now)
             name = (table.database, table.table)
             if should and (self.dirty is None or self.dirty.due(name, since, now)):
                 due.append((table, views, since))
+            else:
+                self._wants(table, views, set(), now, selected)
         # one round of probes for every due table with a watermark (concurrent off-host)
         asked = [(self._location(t), since) for t, _, since in due if since is not None]
         answers = iter(self.probe.changed_since_all(asked))
         for table, views, since in due:
             changed = True if since is None else next(answers)
+            planned = len(selected.plans)
             self._select_table(table, views, since, changed, rows, now, selected)
+            members = {m.ref for p in selected.plans[planned:] for m in p.members}
+            self._wants(table, views, members | set(selected.failed), now, selected)
         return selected
+
+    def _wants(
+        self,
+        table: TableRef,
+        views: Sequence[JobView],
+        planned: set[JobRef],
+        now: float,
+        selected: Selected,
+    ) -> None:
+        """When the table's jobs not planned this round want the next round (see
+        :attr:`Selected.every_tick` and :attr:`Selected.due_at`); a planned job's
+        finished iteration wakes the service itself."""
+        eligible = False
+        for view in views:
+            if view.ref in planned:
+                continue
+            if is_eligible(view, now):
+                if view.watermark is None or self.dirty is None:
+                    selected.every_tick = True
+                    return
+                eligible = True
+            else:
+                at = eligible_at(view)
+                if at is not None and at < selected.due_at:
+                    selected.due_at = at
+        if eligible and self.dirty is not None:
+            sweep = self.dirty.next_sweep((table.database, table.table))
+            selected.due_at = min(selected.due_at, sweep)
 
     def _views(
         self,

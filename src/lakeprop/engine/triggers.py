@@ -72,6 +72,20 @@ def is_eligible(job: JobView, now: float) -> bool:
     return job.watermark_ts is None or now - job.watermark_ts >= job.interval_s
 
 
+def eligible_at(job: JobView) -> float | None:
+    """From when a job is eligible with nothing else happening: its retry backoff
+    ends, its periodic interval passes (the time may have passed). None: no time
+    holds it back, or only an event can (it is in error, or in flight)."""
+    if job.failed or job.in_flight:
+        return None
+    times = [] if job.blocked_until is None else [job.blocked_until]
+    if job.kind is TriggerKind.PERIODIC and job.watermark is not None:
+        assert job.interval_s is not None
+        if job.watermark_ts is not None:
+            times.append(job.watermark_ts + job.interval_s)
+    return max(times, default=None)
+
+
 def probe_from(jobs: Iterable[JobView], now: float) -> tuple[bool, int | None]:
     """(should probe, lowest watermark) for a table's jobs.
 

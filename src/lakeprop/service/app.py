@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from lakeprop.bulk.executor import BulkExecutor
@@ -23,13 +23,16 @@ from lakeprop.engine.policy import FairShare
 from lakeprop.engine.retry import retry_delay
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.errors import ErrorCode, PermanentError, TemporaryError
+from lakeprop.kafka import partitions
 from lakeprop.membership.group import Seat
 from lakeprop.notifications import CommitNotice
+from lakeprop.service.carry_over import carry_over, starting_offsets
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.notices import NoticeListener
 from lakeprop.service.observer import Unobserved
 from lakeprop.service.runner import Runner, RunnerParts
-from lakeprop.service.stream import ChangelogOffsets, start_query
+from lakeprop.service.stream import ChangelogOffsets, Offsets, start_query
+from lakeprop.service.wake import Waker, wake_topic
 from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import JobCatalog, RowScope, SharedWrites
@@ -139,11 +142,14 @@ class PropagationApp:
                 database, table, config.state.location, config.state.checkpoint_location
             ),
         )
+        self.waker = Waker(config.kafka, wake_topic(config), config.tick_interval)
+        """Wakes the query when there is work (:mod:`lakeprop.service.wake`)."""
         self.scheduler = Scheduler(
             spark,
             engine.workers,
             engine.iteration_timeout,
             policy=FairShare(self.tenants.weight, self.tenants.max_concurrent, self.tenants.budget),
+            on_done=self.waker.nudge,
         )
         self.query_failures = 0
         """Failed runs of the query that ``run_until`` restarted (or gave up on)."""
@@ -188,6 +194,8 @@ class PropagationApp:
                 log_empty=self.offsets.empty,
                 ownership=self.ownership,
                 storage=self.storage,
+                tick_interval=config.tick_interval,
+                poll_interval=config.poll,
             )
         )
         if self.metrics is not None:
@@ -250,9 +258,39 @@ class PropagationApp:
         ends = self.seat.end_offsets(self.config.kafka.topic, read)
         return sum(max(0, ends[p] - read[p]) for p in read)
 
+    @property
+    def ticks(self) -> int:
+        """Micro-batches run, plus tick intervals that passed with nothing due: how
+        tests and benchmarks wait for the service to have looked (and done nothing)."""
+        return self.runner.batches + self.waker.quiet_ticks
+
     def _announce(self, notice: CommitNotice) -> None:
         assert self.dirty is not None
-        self.dirty.announce((notice.database, notice.table), notice.version, time.time())
+        table = (notice.database, notice.table)
+        self.dirty.announce(table, notice.version, time.time())
+        if table in self.runner.selection.watched:
+            self.waker.nudge()
+
+    def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """The ``foreachBatch`` callback: the runner's micro-batch, told to the waker."""
+        started = time.time()
+        self.waker.batch_started()
+        wanted_at = started + self.config.tick_interval
+        try:
+            self.runner.process_batch(batch, batch_id)
+            wanted_at = self.runner.next_batch_at(started)
+        finally:
+            self.waker.batch_ended(wanted_at)
+
+    def _starting_offsets(self) -> Offsets | None:
+        """Where the change log is read from when a checkpoint of the tick source was
+        carried over (:mod:`lakeprop.service.carry_over`); None otherwise."""
+        checkpoint = self.config.state.checkpoint_location
+        topic = self.config.kafka.topic
+        carried = carry_over(FilesFor(self.spark)(checkpoint), checkpoint, topic)
+        if carried is None:
+            return None
+        return starting_offsets(carried, partitions(self.config.kafka, topic))
 
     def prepare(self) -> None:
         """Create the state tables, load the catalog, roll it forward from the history,
@@ -304,6 +342,7 @@ class PropagationApp:
             self.lock.acquire()  # before any state is touched
             self._locked = True
         self.prepare()
+        starting = self._starting_offsets()
         if self.seat is not None:
             self.ownership.resume()
             self.seat.start()  # slots arrive asynchronously: each micro-batch takes them over
@@ -316,15 +355,27 @@ class PropagationApp:
             self.metrics.start()
         if self.config.engine.enabled:
             self.scheduler.start()
+        if available_now:
+            self.waker.wake_once()  # at least one micro-batch, even with nothing in the log
+        else:
+            self.waker.start()
         query = start_query(
-            self.spark, self.config, self.runner.process_batch, available_now=available_now
+            self.spark,
+            self.config,
+            self._process_batch,
+            self.waker.topic,
+            available_now=available_now,
+            starting=starting,
         )
         log.info(
-            "query %s started: topic %s on %s, tick every %ss, checkpoint %s",
+            "query %s started: topic %s on %s, woken through %s, tick every %ss, polling "
+            "every %ss, checkpoint %s",
             self.config.query_name,
             self.config.kafka.topic,
             self.config.kafka.bootstrap_servers,
+            self.waker.topic,
             self.config.tick_interval,
+            self.config.poll,
             self.config.state.checkpoint_location,
         )
         return query
@@ -436,6 +487,7 @@ class PropagationApp:
             self.seat.stop()  # leave the group: the others take the slots over now
         if self.notices is not None:
             self.notices.stop()
+        self.waker.stop()
         if self.metrics is not None:
             self.metrics.stop()
         if self._locked:

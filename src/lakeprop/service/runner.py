@@ -1,4 +1,8 @@
-"""The runner: what happens in every micro-batch (``foreachBatch``), every tick.
+"""The runner: what happens in every micro-batch (``foreachBatch``).
+
+A micro-batch runs when the service has work (:mod:`lakeprop.service.wake`): a
+change log message, a commit notice, a finished iteration, or the time the
+previous micro-batch named (:meth:`Runner.next_batch_at`).
 
 0. Slot changes, with ``cluster.enabled`` (:mod:`lakeprop.service.handover`):
    revoked slots are drained, lost ones forgotten, gained ones taken over
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -53,7 +58,7 @@ from lakeprop.engine.model import IterationKind, IterationPlan, IterationResult,
 from lakeprop.engine.native import NativeSettings
 from lakeprop.engine.ownership import SoleOwner
 from lakeprop.engine.scheduler import Scheduler
-from lakeprop.engine.selection import TriggerSelection
+from lakeprop.engine.selection import Selected, TriggerSelection
 from lakeprop.engine.watermarks import advance
 from lakeprop.faults import fault_point
 from lakeprop.service.handover import DRAIN_WAIT, Handover, HandoverParts
@@ -66,6 +71,7 @@ from lakeprop.service.observer import (
 )
 from lakeprop.service.stopping import BatchGate, quiet_refused_batches
 from lakeprop.service.stream import log_records
+from lakeprop.service.wake import next_batch_at
 from lakeprop.spec import JobRef
 from lakeprop.state import shared as shared_state
 from lakeprop.state.accounts import AccountsTable
@@ -115,6 +121,10 @@ class RunnerParts:
     """Which tables this instance serves (all of them, unless ``cluster.enabled``)."""
     storage: Storage = field(default_factory=Storage)
     """How delta-rs reaches the tables, and where its commits exclude Spark's."""
+    tick_interval: float = 10.0
+    """How often work with a time runs at most (:func:`~lakeprop.service.wake.next_batch_at`)."""
+    poll_interval: float = 1.0
+    """How often the query polls the broker (the wake of a tick is written that early)."""
 
 
 class Runner:
@@ -172,6 +182,10 @@ class Runner:
         )
         """The cluster hand-over (:mod:`lakeprop.service.handover`)."""
         self.last_tick: TickSummary | None = None
+        self.tick_interval = parts.tick_interval
+        self.poll_interval = parts.poll_interval
+        self._selected: Selected | None = None
+        self._bulk_applied = False
         self.gate = BatchGate(parts.spark, parts.scheduler)
         """One micro-batch at a time, refused while the service stops."""
         self.tables_probed = 0
@@ -204,6 +218,7 @@ class Runner:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` callback: steps 0 to 6 of the module docstring."""
         tick = None
+        self._bulk_applied = False
         with self.gate.processing(batch_id) as timed:
             with timed("handover"):
                 self.hand_over()
@@ -330,6 +345,7 @@ class Runner:
         with _selection_job_group(self.spark):
             selected = self.selection.select(served, self.scheduler.in_flight(), self.retries, now)
         self.tables_probed += selected.probed
+        self._selected = selected
         changed.update(selected.failed)
         for plan in selected.plans:
             self._submit(plan, rows)
@@ -398,6 +414,29 @@ class Runner:
             [m.job_id for m in plan.members],
         )
 
+    # -- when the next micro-batch is wanted -----------------------------------------------
+
+    def next_batch_at(self, started: float) -> float:
+        """When the micro-batch begun at ``started`` wants the next one, with nothing
+        told meanwhile (:func:`~lakeprop.service.wake.next_batch_at`): every tick
+        while a table is probed on each (or slots move, or bulk tasks run); else the
+        earliest retry, periodic job, sweep or housekeeping. Never, while the
+        scheduler is stopped: then only the change log has work, and Spark sees it."""
+        if not self.scheduler.started:
+            return math.inf
+        selected = self._selected
+        every_tick = (
+            selected is None
+            or selected.every_tick
+            or self.ownership.clustered
+            or self._bulk_applied
+            or (self.bulk is not None and self.bulk.busy)
+        )
+        due = [self.housekeeping.next_at(self.clock())]
+        if selected is not None:
+            due.append(selected.due_at)
+        return next_batch_at(started, self.tick_interval, self.poll_interval, every_tick, due)
+
     # -- 4. housekeeping ----------------------------------------------------------------
 
     def keep_house(self) -> None:
@@ -419,6 +458,7 @@ class Runner:
         if self.bulk.busy:
             self.tables.forget()  # source checks see the tables as they are now
             result = self.bulk.run(self.catalog.rows(), self.tables.check, self.tenants)
+            self._bulk_applied = bool(result.upserts)
             self.catalog.stage(result.upserts)
             for row_id in result.upserts:
                 self.retries.pop(row_id, None)

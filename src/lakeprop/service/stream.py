@@ -1,17 +1,20 @@
-"""The streaming query: the change log on Kafka, plus a tick on every trigger.
+"""The streaming query: the change log on Kafka, plus the service's wake topic.
 
-Spark does not call ``foreachBatch`` when a micro-batch has no new data, and a
-quiet change log would then stall trigger selection. A ``rate-micro-batch``
-source unioned with the Kafka source yields exactly one tick row per
-micro-batch, so the query runs every trigger interval whatever the log does.
-The sources of a query are fixed by its checkpoint, which is why the tick is
-part of the query from the first run on.
+Spark runs a micro-batch only when a source has new data, so a query over the
+change log alone would never run while nobody registers a job, and trigger
+selection would stall. The query reads a second topic, the wake topic, to which
+the service writes when it has work (:mod:`lakeprop.service.wake`): a commit
+notice, a finished iteration, a due tick. Spark asks the broker for both topics'
+end offsets every poll (an offset request, no micro-batch), so a service with
+nothing due runs no micro-batch at all. The sources of a query are fixed by its
+checkpoint; a checkpoint of the earlier tick source is carried over
+(:mod:`lakeprop.service.carry_over`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -24,42 +27,48 @@ from lakeprop.config import AppConfig, KafkaConfig
 from lakeprop.kafka import spark_options
 from lakeprop.tables.hadoop import Files
 
-RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "is_tick")
+RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "is_wake")
 
 BatchHandler = Callable[[DataFrame, int], None]
 
+Offsets = Mapping[int, int]
+"""A topic's offsets by partition: the next offset to read in each."""
 
-def changelog_source(spark: SparkSession, kafka: KafkaConfig) -> DataFrame:
-    """The change log topic as a stream of Kafka records."""
+
+def changelog_source(
+    spark: SparkSession, kafka: KafkaConfig, starting: Offsets | None = None
+) -> DataFrame:
+    """The change log topic as a stream of Kafka records; ``starting`` (every
+    partition's next offset) replaces ``kafka.starting_offsets`` for a new checkpoint."""
+    start = kafka.starting_offsets
+    if starting is not None:
+        start = json.dumps({kafka.topic: {str(p): o for p, o in sorted(starting.items())}})
     reader = (
         spark.readStream.format("kafka")
         .options(**spark_options(kafka))
         .option("subscribe", kafka.topic)
-        .option("startingOffsets", kafka.starting_offsets)
+        .option("startingOffsets", start)
         .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
     )
     for name, value in kafka.source_options.items():
         reader = reader.option(name, value)
-    return reader.load().select(
-        "key", "value", "topic", "partition", "offset", "timestamp", F.lit(False).alias("is_tick")
-    )
+    return reader.load().select(*RECORD_COLUMNS[:-1], F.lit(False).alias("is_wake"))
 
 
-def tick_source(spark: SparkSession) -> DataFrame:
-    """One row per micro-batch, shaped like a Kafka record with ``is_tick`` set."""
+def wake_source(spark: SparkSession, kafka: KafkaConfig, topic: str) -> DataFrame:
+    """The wake topic's one partition as a stream shaped like the change log, with
+    ``is_wake`` set. Wake records carry nothing and expire: none is ever missed
+    (the first run reads the topic from its start), and one expired while the
+    service was down is no loss, which ``failOnDataLoss`` is told."""
+    reader = spark.readStream.format("kafka").options(**spark_options(kafka))
+    for name, value in kafka.source_options.items():
+        reader = reader.option(name, value)
     return (
-        spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", 1)
+        reader.option("assign", json.dumps({topic: [0]}))
+        .option("startingOffsets", "earliest")
+        .option("failOnDataLoss", "false")
         .load()
-        .select(
-            F.lit(None).cast("binary").alias("key"),
-            F.lit(None).cast("binary").alias("value"),
-            F.lit(None).cast("string").alias("topic"),
-            F.lit(None).cast("int").alias("partition"),
-            F.lit(None).cast("long").alias("offset"),
-            F.col("timestamp"),
-            F.lit(True).alias("is_tick"),
-        )
+        .select(*RECORD_COLUMNS[:-1], F.lit(True).alias("is_wake"))
     )
 
 
@@ -67,13 +76,16 @@ def start_query(
     spark: SparkSession,
     config: AppConfig,
     handler: BatchHandler,
+    wake_topic: str,
     *,
     available_now: bool = False,
+    starting: Offsets | None = None,
 ) -> StreamingQuery:
-    """Start the query; ``available_now`` processes what is there and stops (tests, catch-up)."""
+    """Start the query; ``available_now`` processes what is there and stops (tests,
+    catch-up). The trigger polls every :attr:`~lakeprop.config.AppConfig.poll`."""
     writer = (
-        changelog_source(spark, config.kafka)
-        .unionByName(tick_source(spark))
+        changelog_source(spark, config.kafka, starting)
+        .unionByName(wake_source(spark, config.kafka, wake_topic))
         .writeStream.queryName(config.query_name)
         .option("checkpointLocation", config.state.checkpoint_location)
         .foreachBatch(handler)
@@ -81,14 +93,14 @@ def start_query(
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{config.tick_interval} seconds")
+        writer = writer.trigger(processingTime=f"{int(config.poll * 1000)} milliseconds")
     return writer.start()
 
 
 def log_records(batch: DataFrame) -> list[LogRecord]:
-    """The change log messages of a micro-batch (ticks left out), in log order."""
+    """The change log messages of a micro-batch (wake records left out), in log order."""
     rows = (
-        batch.where(~F.col("is_tick"))
+        batch.where(~F.col("is_wake"))
         .select("topic", "partition", "offset", "timestamp", "key", "value")
         .collect()
     )
@@ -113,7 +125,7 @@ class ChangelogOffsets:
     before it runs the batch, which reads the change log from the previous
     batch's end offsets to its own. Equal change log offsets in the two files
     mean no record, and the batch is known empty without the Spark job that
-    collecting it costs: most ticks of a quiet log. One small file read a tick
+    collecting it costs: every micro-batch a wake-up started. One small file read a tick
     (the previous batch's offsets are remembered). Anything unexpected (no file,
     a batch without a predecessor, offsets not of the change log topic) answers
     "not known empty", and the batch is collected.

@@ -61,6 +61,10 @@ class AccountsTable:
         """What the table holds (``updated_at`` aside); None: not known yet."""
         self._writing: threading.Thread | None = None
 
+    def holds(self, rows: Sequence[AccountRow]) -> bool:
+        """Whether the table is known to hold ``rows`` (``updated_at`` aside)."""
+        return self._published == _loads(rows)
+
     def publish(self, rows: Sequence[AccountRow], background: bool = False) -> bool:
         """Overwrite the table with ``rows`` unless it holds them already; True when
         written (or, with ``background``, when a write of them started on a thread
@@ -71,7 +75,7 @@ class AccountsTable:
             if background:
                 return False
             self._writing.join()
-        loads = tuple(sorted((replace(r, updated_at=datetime.min) for r in rows), key=_key))
+        loads = _loads(rows)
         if self._published is None and DeltaLogProbe(self.spark).latest_version(self.path) is None:
             self._published = ()
         if loads == self._published:
@@ -105,3 +109,8 @@ class AccountsTable:
 
 def _key(row: AccountRow) -> int:
     return row.account_id
+
+
+def _loads(rows: Sequence[AccountRow]) -> tuple[AccountRow, ...]:
+    """The rows as the table holds them, for comparison: sorted, ``updated_at`` aside."""
+    return tuple(sorted((replace(r, updated_at=datetime.min) for r in rows), key=_key))

@@ -47,6 +47,11 @@ class Files(Protocol):
         """Names of the entries of a directory ([] when it does not exist)."""
         ...
 
+    def move(self, location: str, target: str) -> None:
+        """Move a file or directory to ``target`` (its parent is created; a rename
+        where the file system has one, a copy and delete on an object store)."""
+        ...
+
 
 def local_path(location: str) -> str | None:
     """The local file system path of ``location``, or None when it is elsewhere."""
@@ -94,6 +99,11 @@ class LocalFiles:
             return os.listdir(self._path(location))
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def move(self, location: str, target: str) -> None:
+        destination = Path(self._path(target))
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(location), destination)
 
 
 class HadoopFiles:
@@ -170,6 +180,13 @@ class HadoopFiles:
         if not fs.exists(path):
             return []
         return [str(status.getPath().getName()) for status in fs.listStatus(path)]
+
+    def move(self, location: str, target: str) -> None:
+        fs, path = self._resolve(location)
+        _, destination = self._resolve(target)
+        fs.mkdirs(destination.getParent())
+        if not fs.rename(path, destination):
+            raise OSError(f"could not move {location} to {target}")
 
 
 class FilesFor:
