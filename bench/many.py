@@ -7,12 +7,15 @@ The comparison that says why the service exists. ``tables`` source tables with
   change feed (``readChangeFeed``, ``processingTime`` = ``trigger``) and MERGEing
   into its replica, as a Spark user writes them today;
 * lakeprop: one service with the same NxK ``replica`` jobs, commit notifications
-  on (the writer announces each commit, as the listener does).
+  on (the writer announces each commit on the notifications topic, as the
+  listener does).
 
 For each side, one after the other in this process:
 
 * **start-up**: from starting until every query has run a micro-batch (DIY), or
   until every job has its first snapshot (lakeprop);
+* **idle with no job**: the same service before any job is registered, against
+  Spark alone (no query at all), measured the same way;
 * **idle**, ``idle`` seconds with no commit, ``settle`` seconds after the start
   (the first minute or so after a start is the JIT compiling Spark's and Delta's
   code and the start's last Spark jobs, not idling): the driver's CPU (the JVM
@@ -57,6 +60,7 @@ from bench.common import (
 )
 from bench.latency import _commit_time, _diy_visible, _lakeprop_visible
 from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
 
@@ -228,6 +232,41 @@ class Measured:
         self.equal = False
 
 
+def _idle_cpu(spark: SparkSession, seconds: int, settle: int) -> float:
+    """Cores the driver (the JVM and this process) used over ``seconds``, after ``settle``."""
+    time.sleep(settle)
+    pid = jvm_pid(spark)
+    cpu = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - cpu) / seconds
+
+
+def _without_jobs(
+    spark: SparkSession, workdir: Path, bootstrap_servers: str, settings: Settings
+) -> float:
+    """The idle CPU of a service with no job at all, configured as the measured one."""
+    app = PropagationApp(spark, _config(workdir, bootstrap_servers, settings))
+    query = app.start()
+    try:
+        return _idle_cpu(spark, settings.idle, settings.settle)
+    finally:
+        app.stop_query(query)
+        app.shutdown()
+
+
+def _config(workdir: Path, bootstrap_servers: str, settings: Settings) -> AppConfig:
+    """The service of this benchmark: commit notifications on, a tick as long as the
+    DIY queries' trigger."""
+    config = app_config(workdir, bootstrap_servers, workers=2)
+    notifications = replace(
+        config.notifications,
+        enabled=True,
+        topic=f"{config.kafka.topic}.commits",
+        sweep_interval=3600.0,
+    )
+    return replace(config, tick_interval=float(settings.trigger), notifications=notifications)
+
+
 def _idle(
     spark: SparkSession, seconds: int, settle: int, own: str, tables: str
 ) -> tuple[float, float, float]:
@@ -236,11 +275,8 @@ def _idle(
     (the first seconds after a start still compile and flush what it left),
     then as long again with the operations traced (the tracer slows what it
     traces, so the CPU is measured without it)."""
-    time.sleep(settle)
     pid = jvm_pid(spark)
-    cpu = cpu_seconds(pid)
-    time.sleep(seconds)
-    used = (cpu_seconds(pid) - cpu) / seconds
+    used = _idle_cpu(spark, seconds, settle)
     everything, on_tables = traced_operations([pid, os.getpid()], seconds, own, tables)
     return used, everything * 60 / seconds, on_tables * 60 / seconds
 
@@ -317,16 +353,11 @@ def _lakeprop(
     settings: Settings,
 ) -> Measured:
     out = Measured()
-    config = app_config(workdir, bootstrap_servers, workers=2)
-    config = replace(
-        config,
-        tick_interval=float(settings.trigger),  # as often as the DIY queries' trigger
-        notifications=replace(config.notifications, enabled=True, sweep_interval=3600.0),
-    )
+    config = _config(workdir, bootstrap_servers, settings)
     config = replace(
         config, tables=replace(config.tables, warehouse=str(Path(paths[0]).parents[1]))
     )
-    client = LakepropClient(config.kafka, config.state, spark)
+    client = LakepropClient(config.kafka, config.state, spark, notifications=config.notifications)
     client.register_jobs(
         [
             (JobKey(1, "db", Path(p).name, f"r{r}"), {"iteration": {"consumer": REPLICA}})
@@ -334,7 +365,6 @@ def _lakeprop(
             for r in range(k)
         ]
     )
-    client.close()
     app = PropagationApp(spark, config)
     started = time.monotonic()
     query = app.start()
@@ -346,8 +376,7 @@ def _lakeprop(
         )
 
         def announce(path: str, version: int) -> None:
-            assert app.dirty is not None
-            app.dirty.announce(("db", Path(path).name), version, time.time())
+            client.notify_commit("db", Path(path).name, version)
 
         commits = _trickle(paths, settings.trickle, settings.seed, announce)
         latest: dict[str, int] = {}
@@ -372,6 +401,7 @@ def _lakeprop(
     finally:
         app.stop_query(query)
         app.shutdown()
+        client.close()
     out.equal = all(
         same_rows(spark.read.format("delta").load(f"{p}_r{r}"), spark.read.format("delta").load(p))
         for p in paths
@@ -396,6 +426,8 @@ def run(
     ours_paths = sources(spark, workdir / "lakeprop" / "warehouse", tables)
     theirs_paths = sources(spark, workdir / "diy" / "warehouse", tables)
     settings = Settings(trigger, settle, idle, trickle, bound, seed)
+    without_jobs = _without_jobs(spark, workdir / "empty", bootstrap_servers, settings)
+    spark_alone = _idle_cpu(spark, idle, settle)
     ours = _lakeprop(spark, workdir / "lakeprop", bootstrap_servers, ours_paths, k, settings)
     theirs = _diy(spark, workdir, theirs_paths, k, settings)
     return Result(
@@ -412,6 +444,12 @@ def run(
         [
             Figure("start-up", "s", ours.startup_s, theirs.startup_s),
             Figure("idle driver CPU", "cores", ours.idle_cpu, theirs.idle_cpu),
+            Figure(
+                "idle driver CPU with no job (baseline: Spark alone)",
+                "cores",
+                without_jobs,
+                spark_alone,
+            ),
             Figure(
                 "idle file-system operations",
                 "per_min",

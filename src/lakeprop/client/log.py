@@ -144,7 +144,8 @@ class ChangeLogWriter:
 
         With ``notifications.enabled`` the service probes only announced tables
         (and each table once per sweep interval), so a writer that announces its
-        commits has them propagated on the next tick. Returns the version sent.
+        commits has them propagated at once (within the service's ``poll_interval``).
+        Returns the version sent.
         """
         validate_identifier(database, "database")
         validate_identifier(table, "table")

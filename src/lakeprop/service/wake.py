@@ -166,28 +166,38 @@ class Waker:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            now = self.clock()
-            with self._lock:
-                due = self._nudged or (not self._in_batch and now >= self._wanted_at)
-                write = due and not self._outstanding
-                if write:
-                    self._nudged = False
-                    self._outstanding = True
-                busy = due or self._in_batch or self._outstanding
-                wait = self.tick if busy else min(self.tick, self._wanted_at - now)
+            write, wait, idle = self.decide(self.clock())
             if write and not self._write(self._producer, "due", min(self.tick, 30.0)):
                 with self._lock:
                     self._outstanding = False
-                    self._nudged = True  # written again after a wait
+                    self._nudged = True  # written again after a pause
                 self._stop.wait(min(self.tick, 5.0))
                 continue
-            if self._event.wait(max(wait, 0.0)):
+            if self._event.wait(wait):
                 self._event.clear()
                 continue
-            with self._lock:  # a whole wait passed untold: a quiet tick if nothing is due
-                idle = not (busy or self._in_batch or self._outstanding or self._nudged)
-                if idle and self.clock() < self._wanted_at:
-                    self.quiet_ticks += 1
+            if idle:
+                self.passed(self.clock())
+
+    def decide(self, now: float) -> tuple[bool, float, bool]:
+        """One look: whether to write a wake record now, how long to wait before the
+        next look, and whether nothing is due or under way (a quiet wait)."""
+        with self._lock:
+            due = self._nudged or (not self._in_batch and now >= self._wanted_at)
+            write = due and not self._outstanding
+            if write:
+                self._nudged = False
+                self._outstanding = True
+            if due or self._in_batch or self._outstanding:
+                return write, self.tick, False
+            return False, max(0.0, min(self.tick, self._wanted_at - now)), True
+
+    def passed(self, now: float) -> None:
+        """A quiet wait passed untold: a quiet tick, unless the wanted time came."""
+        with self._lock:
+            busy = self._in_batch or self._outstanding or self._nudged
+            if not busy and now < self._wanted_at:
+                self.quiet_ticks += 1
 
     def _new_producer(self) -> Any:
         from confluent_kafka import Producer
