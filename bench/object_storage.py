@@ -11,7 +11,10 @@ figures are what the service pays to find that out.
   where they go: the tables (``warehouse``) or the service's own state and
   checkpoint. Without commit notifications every table is probed each tick;
   with them an idle table is probed only by the sweep (once per
-  ``notifications.sweep_interval``), so between sweeps it costs nothing;
+  ``notifications.sweep_interval``), so between sweeps it costs nothing, and an
+  idle service runs no micro-batch at all: its ticks are tick intervals with
+  nothing due (:attr:`~lakeprop.service.app.PropagationApp.ticks`), and its
+  tick time is 0;
 * **a one-row tail** of a replica of ``rows`` rows on S3 against the local disk,
   on the native path (delta-rs) and on Spark.
 
@@ -134,7 +137,9 @@ def _config(workdir: Path, bootstrap_servers: str, root: str | None) -> AppConfi
                 config.state, location=f"{root}/state", checkpoint_location=f"{root}/checkpoint"
             ),
             tables=replace(config.tables, warehouse=f"{root}/warehouse"),
-            notifications=replace(config.notifications, enabled=root.endswith("/on")),
+            notifications=replace(
+                config.notifications, enabled=root.endswith("/on"), sweep_interval=3600.0
+            ),
         )
     return config
 
@@ -169,13 +174,14 @@ def _idle_ticks(
     app.catalog.commit(synced_rows(jobs, tables, metadata.table_id))
     query = app.start()
     try:
-        _await_batches(app, 3)
+        _await_ticks(app, 3)
         since = len(s3.requests()) if s3 else 0
-        first = app.runner.batches
-        _await_batches(app, first + ticks)
+        first, batches = app.ticks, app.runner.batches
+        _await_ticks(app, first + ticks)
         answered = s3.requests()[since:] if s3 else []
-        counted = app.runner.batches - first
-        totals = [t.total for t in list(app.runner.timings)[-counted:]]
+        counted = app.ticks - first
+        ran = app.runner.batches - batches  # with notifications, idle ticks run none
+        totals = [t.total for t in list(app.runner.timings)[-ran:]] if ran else [0.0]
     finally:
         app.stop_query(query)
         app.shutdown()
@@ -203,9 +209,10 @@ def _copy(spark: SparkSession, source: str, target: str) -> None:
     fs.FileUtil.copy(src.getFileSystem(conf), src, dst.getFileSystem(conf), dst, False, conf)
 
 
-def _await_batches(app: PropagationApp, batches: int, timeout: float = 600.0) -> None:
+def _await_ticks(app: PropagationApp, ticks: int, timeout: float = 600.0) -> None:
+    """Until the service has looked ``ticks`` times (:attr:`PropagationApp.ticks`)."""
     deadline = time.monotonic() + timeout
-    while app.runner.batches < batches:
+    while app.ticks < ticks:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{app.runner.batches} micro-batches of {batches}")
+            raise TimeoutError(f"{app.ticks} ticks of {ticks}")
         time.sleep(0.1)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -420,21 +419,20 @@ class Runner:
         """When the micro-batch begun at ``started`` wants the next one, with nothing
         told meanwhile (:func:`~lakeprop.service.wake.next_batch_at`): every tick
         while a table is probed on each (or slots move, or bulk tasks run); else the
-        earliest retry, periodic job, sweep or housekeeping. Never, while the
-        scheduler is stopped: then only the change log has work, and Spark sees it."""
-        if not self.scheduler.started:
-            return math.inf
-        selected = self._selected
+        earliest retry, periodic job, sweep or housekeeping. With the scheduler
+        stopped, only bulk tasks and slots want ticks: the change log is Spark's to see."""
         every_tick = (
-            selected is None
-            or selected.every_tick
-            or self.ownership.clustered
+            self.ownership.clustered
             or self._bulk_applied
             or (self.bulk is not None and self.bulk.busy)
         )
-        due = [self.housekeeping.next_at(self.clock())]
-        if selected is not None:
-            due.append(selected.due_at)
+        due = []
+        if self.scheduler.started:
+            selected = self._selected
+            every_tick = every_tick or selected is None or selected.every_tick
+            due.append(self.housekeeping.next_at(self.clock()))
+            if selected is not None:
+                due.append(selected.due_at)
         return next_batch_at(started, self.tick_interval, self.poll_interval, every_tick, due)
 
     # -- 4. housekeeping ----------------------------------------------------------------
