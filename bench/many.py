@@ -19,8 +19,8 @@ For each side, one after the other in this process:
 * **idle**, ``idle`` seconds with no commit, ``settle`` seconds after the start
   (the first minute or so after a start is the JIT compiling Spark's and Delta's
   code and the start's last Spark jobs, not idling): the driver's CPU (the JVM
-  and this Python process together), then file-system operations per minute on the side's
-  own files (sources, sinks, checkpoints, state), traced (:func:`traced_operations`:
+  and this Python process together) and the micro-batches run, then
+  file-system operations per minute on the side's own files (sources, sinks, checkpoints, state), traced (:func:`traced_operations`:
   on an object store each is a paid request; Hadoop's statistics count no
   operations on a local disk);
 * **trickle**, one commit per second on random tables for ``trickle`` seconds:
@@ -41,6 +41,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,8 @@ class Measured:
         self.idle_cpu = 0.0
         self.idle_fs_per_min = 0.0
         self.idle_table_fs_per_min = 0.0
+        self.idle_batches = 0
+        """Micro-batches run over the idle window (every query's, for DIY)."""
         self.p50 = float("nan")
         self.p95 = float("nan")
         self.kept_up = False
@@ -268,17 +271,27 @@ def _config(workdir: Path, bootstrap_servers: str, settings: Settings) -> AppCon
 
 
 def _idle(
-    spark: SparkSession, seconds: int, settle: int, own: str, tables: str
-) -> tuple[float, float, float]:
-    """(cores used, file-system operations per minute on the side's ``own`` files
-    and on its ``tables`` alone) over ``seconds`` of quiet after ``settle`` more
-    (the first seconds after a start still compile and flush what it left),
-    then as long again with the operations traced (the tracer slows what it
-    traces, so the CPU is measured without it)."""
+    spark: SparkSession,
+    settings: Settings,
+    own: str,
+    tables: str,
+    batches: Callable[[], int],
+    out: Measured,
+) -> None:
+    """Cores used, micro-batches run (``batches`` counts them so far), and
+    file-system operations per minute on the side's ``own`` files and on its
+    ``tables`` alone, over ``idle`` seconds of quiet after ``settle`` more (the
+    first minutes after a start still compile and flush what it left); the
+    operations over as long again, traced (the tracer slows what it traces, so
+    the CPU is measured without it)."""
     pid = jvm_pid(spark)
-    used = _idle_cpu(spark, seconds, settle)
-    everything, on_tables = traced_operations([pid, os.getpid()], seconds, own, tables)
-    return used, everything * 60 / seconds, on_tables * 60 / seconds
+    time.sleep(settings.settle)
+    before = batches()
+    out.idle_cpu = _idle_cpu(spark, settings.idle, 0)
+    out.idle_batches = batches() - before
+    everything, on_tables = traced_operations([pid, os.getpid()], settings.idle, own, tables)
+    out.idle_fs_per_min = everything * 60 / settings.idle
+    out.idle_table_fs_per_min = on_tables * 60 / settings.idle
 
 
 def _diy(
@@ -304,8 +317,13 @@ def _diy(
                 0.5,
             )
         out.startup_s = time.monotonic() - started
-        out.idle_cpu, out.idle_fs_per_min, out.idle_table_fs_per_min = _idle(
-            spark, settings.idle, settings.settle, str(workdir / "diy"), str(Path(paths[0]).parent)
+        _idle(
+            spark,
+            settings,
+            str(workdir / "diy"),
+            str(Path(paths[0]).parent),
+            lambda: sum(len(q.batches) for q in queries),
+            out,
         )
         commits = _trickle(paths, settings.trickle, settings.seed)
 
@@ -371,8 +389,13 @@ def _lakeprop(
     try:
         wait_until(lambda: all(r.watermark is not None for r in app.catalog.rows()), 3600, 0.5)
         out.startup_s = time.monotonic() - started
-        out.idle_cpu, out.idle_fs_per_min, out.idle_table_fs_per_min = _idle(
-            spark, settings.idle, settings.settle, str(workdir), str(Path(paths[0]).parent)
+        _idle(
+            spark,
+            settings,
+            str(workdir),
+            str(Path(paths[0]).parent),
+            lambda: app.runner.batches,
+            out,
         )
 
         def announce(path: str, version: int) -> None:
@@ -444,6 +467,7 @@ def run(
         [
             Figure("start-up", "s", ours.startup_s, theirs.startup_s),
             Figure("idle driver CPU", "cores", ours.idle_cpu, theirs.idle_cpu),
+            Figure("idle micro-batches", "count", ours.idle_batches, theirs.idle_batches),
             Figure(
                 "idle driver CPU with no job (baseline: Spark alone)",
                 "cores",
