@@ -20,9 +20,10 @@ For each side, one after the other in this process:
   (the first minute or so after a start is the JIT compiling Spark's and Delta's
   code and the start's last Spark jobs, not idling): the driver's CPU (the JVM
   and this Python process together) and the micro-batches run, then
-  file-system operations per minute on the side's own files (sources, sinks, checkpoints, state), traced (:func:`traced_operations`:
-  on an object store each is a paid request; Hadoop's statistics count no
-  operations on a local disk);
+  file-system operations per minute on the side's own files (sources, sinks,
+  checkpoints, state), traced (:func:`traced_operations`: on an object store
+  each is a paid request; Hadoop's statistics count no operations on a local
+  disk);
 * **trickle**, one commit per second on random tables for ``trickle`` seconds:
   commit-to-sink latency p50 and p95, and whether the side kept up (every commit
   reached every sink of its table within the bound);

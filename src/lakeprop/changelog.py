@@ -17,7 +17,10 @@ order on one partition. Version 1 of the envelope of a job's message::
 ``spec`` is required for ``register`` and is a partial spec for ``update_spec``
 (empty fields are filled from the current spec); ``interrupt`` (update_spec
 only) cancels the job's queued or running iteration so the new spec applies at
-once. ``pause``, ``resume`` and ``resync`` carry the job only.
+once. ``cascade`` (unregister only) drops the jobs downstream of the job too
+(:mod:`lakeprop.pipeline`); without it, the unregister of a job whose target
+other jobs read is rejected. ``pause``, ``resume`` and ``resync`` carry the job
+only.
 
 A bulk operation (:mod:`lakeprop.bulk`) names an account and a selector
 instead of a job, and is keyed by its id (``bulk/<account>/<id>``), which is
@@ -70,7 +73,7 @@ class Operation(str, Enum):
 
 _FIELDS = {
     Operation.REGISTER: {"version", "op", "request_id", "job", "spec"},
-    Operation.UNREGISTER: {"version", "op", "request_id", "job"},
+    Operation.UNREGISTER: {"version", "op", "request_id", "job", "cascade"},
     Operation.UPDATE_SPEC: {"version", "op", "request_id", "job", "spec", "interrupt"},
     Operation.PAUSE: {"version", "op", "request_id", "job"},
     Operation.RESUME: {"version", "op", "request_id", "job"},
@@ -114,6 +117,8 @@ class Command:
     """The partial spec of an update_spec; merged with the current spec and validated
     when applied, since the current spec is only known then."""
     interrupt: bool = False
+    cascade: bool = False
+    """An unregister that drops the jobs downstream of the job too."""
     task: str | None = None
     """Set when a bulk operation's task applies the command (``<bulk id>#<task>``):
     the job's row then keeps the coordinates of its own last message."""
@@ -265,6 +270,13 @@ def spec_update_of(obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return spec_update, interrupt
 
 
+def _unregister_body(obj: Mapping[str, Any], command: Command) -> Command:
+    cascade = obj.get("cascade", False)
+    if not isinstance(cascade, bool):
+        raise InvalidMessageError(f"cascade must be true or false, got {cascade!r}")
+    return replace(command, cascade=cascade)
+
+
 def _update_body(obj: Mapping[str, Any], command: Command) -> Command:
     spec_update, interrupt = spec_update_of(obj)
     return replace(command, spec_update=spec_update, interrupt=interrupt)
@@ -272,7 +284,7 @@ def _update_body(obj: Mapping[str, Any], command: Command) -> Command:
 
 _BODIES: dict[Operation, Callable[[Mapping[str, Any], Command], Command]] = {
     Operation.REGISTER: _register_body,
-    Operation.UNREGISTER: lambda obj, command: command,
+    Operation.UNREGISTER: _unregister_body,
     Operation.UPDATE_SPEC: _update_body,
     Operation.PAUSE: lambda obj, command: command,
     Operation.RESUME: lambda obj, command: command,
@@ -299,6 +311,7 @@ def encode(
     *,
     spec: Mapping[str, Any] | None = None,
     interrupt: bool | None = None,
+    cascade: bool | None = None,
     request_id: str | None = None,
 ) -> tuple[str, bytes, bytes]:
     """Build a message: (request id, Kafka key, JSON value)."""
@@ -313,6 +326,8 @@ def encode(
         body["spec"] = spec
     if interrupt is not None:
         body["interrupt"] = interrupt
+    if cascade:
+        body["cascade"] = True
     return rid, key.message_key, json.dumps(body, sort_keys=True).encode()
 
 

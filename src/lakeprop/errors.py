@@ -52,6 +52,8 @@ class ErrorCode(IntEnum):
     BULK_NOT_FOUND = 10601
     BULK_WRONG_STATE = 10602
     BULK_IN_CLUSTER = 10603
+    PIPELINE_CYCLE = 10700
+    DOWNSTREAM_JOBS = 10701
 
 
 TEMPORARY_LIMIT = 10000
@@ -104,6 +106,10 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.BULK_NOT_FOUND: "no bulk operation with that id",
     ErrorCode.BULK_WRONG_STATE: "a bulk operation in a state that does not allow the request",
     ErrorCode.BULK_IN_CLUSTER: "bulk operations are not run by a service with `cluster.enabled`",
+    ErrorCode.PIPELINE_CYCLE: "a job would read, through other jobs, the table it writes: the "
+    "cycle is named",
+    ErrorCode.DOWNSTREAM_JOBS: "an unregister of a job whose target other jobs read: they are "
+    "named; unregister them first, or send the unregister with `cascade`",
 }
 """What each code means, for the error-code reference (``docs/reference``)."""
 
@@ -197,6 +203,13 @@ class BulkError(PermanentError):
     names an unknown bulk operation, or one in a state that does not allow it."""
 
     default_code = ErrorCode.BULK_NOT_FOUND
+
+
+class PipelineError(PermanentError):
+    """A change that would break the pipeline graph: a cycle, or a drop that would
+    leave jobs reading a table nothing writes any more."""
+
+    default_code = ErrorCode.PIPELINE_CYCLE
 
 
 class DeliveryError(TemporaryError):

@@ -56,6 +56,10 @@ class ConsumerType:
     :meth:`~lakeprop.consumers.base.ConsumerContext.in_change_range`)."""
     native: bool = False
     """Whether the consumer can apply a small change set without Spark (delta-rs)."""
+    table_target: bool = True
+    """Whether the consumer keeps a Delta table at its target name
+    (:func:`~lakeprop.spec.target_table`) that other jobs may read as their
+    source: the edges of the pipeline graph (:mod:`lakeprop.pipeline`)."""
     check_source: Callable[[Mapping[str, Any], Any, Any], None] = field(
         default=lambda options, schema, spark: None
     )
@@ -145,6 +149,7 @@ def _as_consumer_type(name: str, target: object) -> ConsumerType:
             key_columns=consumer.key_columns,
             check_source=consumer.check_source,
             native=bool(consumer.native),
+            table_target=bool(getattr(consumer, "table_target", True)),
         )
     raise UnknownConsumerError(
         f"consumer {name!r} names {target!r}, which is neither a Consumer subclass "

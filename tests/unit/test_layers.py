@@ -29,6 +29,7 @@ LAYERS = {
     "tenants": 1,
     "dev": 1,
     "registry": 1,
+    "pipeline": 1,
     "state": 2,
     "changes": 2,
     "tables": 2,

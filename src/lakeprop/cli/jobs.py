@@ -7,7 +7,8 @@ and wait for them.
     lakeprop status --database sales --table orders --name copy
     lakeprop wait --database sales --table orders --name copy --version latest
     lakeprop list --state error
-    lakeprop unregister --database sales --table orders --name copy
+    lakeprop graph --database sales --format mermaid
+    lakeprop unregister --database sales --table orders --name copy [--cascade]
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from lakeprop.cli import common
-from lakeprop.errors import LakepropError
+from lakeprop.errors import InvalidArgumentError, LakepropError
 from lakeprop.spec import JobKey
 from lakeprop.state.status import JobState
 
-PLAIN: dict[str, Callable[[Any, JobKey], Any]] = {
-    "unregister": lambda client, key: client.unregister_job(key),
-    "pause": lambda client, key: client.pause_job(key),
-    "resume": lambda client, key: client.resume_job(key),
-    "resync": lambda client, key: client.resync_job(key),
+PLAIN: dict[str, Callable[[Any, JobKey, argparse.Namespace], Any]] = {
+    "unregister": lambda client, key, args: client.unregister_job(key, cascade=args.cascade),
+    "pause": lambda client, key, args: client.pause_job(key),
+    "resume": lambda client, key, args: client.resume_job(key),
+    "resync": lambda client, key, args: client.resync_job(key),
 }
-"""Verbs that name a job and nothing else."""
+"""Verbs that name a job and no spec."""
 
 
 def send(args: argparse.Namespace) -> int:
@@ -39,7 +41,7 @@ def send(args: argparse.Namespace) -> int:
     if args.command == "register":
         receipt = client.register_job(key, common.spec_from_flags(args, partial=False))
     elif args.command in PLAIN:
-        receipt = PLAIN[args.command](client, key)
+        receipt = PLAIN[args.command](client, key, args)
     else:
         receipt = client.update_job_spec(
             key, common.spec_from_flags(args, partial=True), interrupt=args.interrupt
@@ -99,6 +101,26 @@ def list_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def graph(args: argparse.Namespace) -> int:
+    """The pipeline graph of the live jobs: all, a database's, or one job's chains."""
+    from lakeprop.pipeline import render
+    from lakeprop.pipeline.graph import Graph, Node
+
+    if (args.table is None) != (args.name is None) or (args.name and not args.database):
+        raise InvalidArgumentError("name one job with --database, --table and --name together")
+    jobs = common.reader(args).list_jobs()
+    whole = Graph.of(Node.of_spec(job.key, job.spec) for job in jobs)
+    one = common.key(args) if args.name else None
+    shown = render.selected(whole, None if one else args.database, one)
+    label = render.labels([(j.key, j.spec["iteration"]["consumer"]["type"], j.state) for j in jobs])
+    drawn = render.FORMATS[args.format](shown, label)
+    if args.output:
+        Path(args.output).write_text(drawn + "\n")
+    else:
+        print(drawn)
+    return 0
+
+
 def version(text: str) -> int | str:
     """A Delta version (>= 0) or 'latest'."""
     if text == "latest":
@@ -116,6 +138,12 @@ def register(sub: Any) -> None:
             common.add_spec(p)
         if action == "update-spec":
             p.add_argument("--interrupt", action="store_true", help="interrupt a running iteration")
+        if action == "unregister":
+            p.add_argument(
+                "--cascade",
+                action="store_true",
+                help="drop the jobs that read this job's target too, at any depth",
+            )
         common.add_wait(p, 120.0)
         p.set_defaults(handler=send)
     p = sub.add_parser("status", help="show one job")
@@ -133,6 +161,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     p.set_defaults(handler=wait)
+    p = sub.add_parser("graph", help="the pipeline graph: which jobs read which jobs' targets")
+    p.add_argument("--account", type=int, default=0, help="the job's account (with --name)")
+    p.add_argument("--database", help="the jobs reading or writing this database's tables")
+    p.add_argument("--table", help="with --database and --name: one job's chains")
+    p.add_argument("--name", help="the job's name")
+    p.add_argument("--format", choices=["text", "mermaid", "dot"], default="text")
+    p.add_argument("--output", help="write to this file instead of printing")
+    p.set_defaults(handler=graph)
     p = sub.add_parser("list", help="list jobs")
     p.add_argument("--state", choices=[s.value for s in JobState])
     p.add_argument("--account", type=int)

@@ -115,8 +115,11 @@ class ChangeLogWriter:
             messages.append((Operation.REGISTER, key, {"spec": body}))
         return self._send_all(messages)
 
-    def unregister_job(self, key: JobKey) -> Receipt:
-        return self._send(Operation.UNREGISTER, key)
+    def unregister_job(self, key: JobKey, *, cascade: bool = False) -> Receipt:
+        """Drop a job. A job whose target other jobs read is dropped only with
+        ``cascade``, which drops them too (at any depth); without it the
+        unregister is rejected, naming them."""
+        return self._send(Operation.UNREGISTER, key, cascade=cascade)
 
     def update_job_spec(
         self, key: JobKey, spec: Mapping[str, Any], *, interrupt: bool = False

@@ -13,7 +13,9 @@ only after a new commit to it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -32,6 +34,7 @@ from lakeprop.errors import (
     SourceTableError,
     StateNotFoundError,
 )
+from lakeprop.pipeline.graph import Graph, Node
 from lakeprop.spec import JobKey
 from lakeprop.state.accounts import AccountRow
 from lakeprop.state.history import Reached, rolled_forward
@@ -151,7 +154,8 @@ class StateReader:
         if best is None:
             return None
         (best,) = self._with_progress([best], key.database, key.table)
-        return JobInfo.from_row(best)
+        (info,) = self._waiting([JobInfo.from_row(best)])
+        return info
 
     def list_jobs(
         self,
@@ -167,7 +171,34 @@ class StateReader:
             where.append(eq("account_id", account_id))
         if not include_dropped:
             where.append(Condition("drop_at", "is null"))
-        return by_key(self._with_progress(self._catalog_rows(*where)))
+        return self._waiting(by_key(self._with_progress(self._catalog_rows(*where))))
+
+    def _waiting(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """The jobs, each live one downstream of a paused or failed job marked
+        :attr:`JobInfo.waiting` (the nearest such job above it names why)."""
+        if not any(j.drop_at is None for j in jobs):
+            return jobs
+        live = self._catalog_rows(Condition("drop_at", "is null"))
+        rows = {r.key: r for r in live}
+        graph = Graph.of(Node.stored(r.key, r.job_spec) for r in live)
+        out = []
+        for job in jobs:
+            stuck = next(
+                (
+                    rows[k]
+                    for k in graph.above(job.key)
+                    if rows[k].job_state in (JobState.PAUSED, JobState.ERROR)
+                ),
+                None,
+            )
+            if job.drop_at is None and stuck is not None:
+                why = f"upstream job {stuck.key} is {stuck.job_state.value}"
+                message = json.loads(stuck.job_status).get("error_msg")
+                if stuck.job_state is JobState.ERROR and message:
+                    why += f": {message}"
+                job = replace(job, waiting=why)
+            out.append(job)
+        return out
 
     def usage(self, account_id: int | None = None, since: datetime | None = None) -> list[UsageRow]:
         """What jobs used, per job and hour (the ``usage`` table): of one account, from

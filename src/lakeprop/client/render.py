@@ -21,10 +21,10 @@ def _cell(value: object) -> str:
 def last_error(job: JobInfo) -> str:
     """``[code] message`` of the job's last failure, cut to one short line; "" if none."""
     code = job.status.get("error_code") or 0
-    if not code:
+    if not code and not job.waiting:
         return ""
     message = " ".join(str(job.status.get("error_msg") or "").split())
-    text = f"[{code}] {message}"
+    text = f"[{code}] {message}" if code else str(job.waiting)
     return text if len(text) <= ERROR_WIDTH else text[: ERROR_WIDTH - 1] + "…"
 
 
@@ -126,7 +126,7 @@ def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | No
         (
             f"{j.key.account_id}/{j.key.database}.{j.key.table}/{j.key.job_name}",
             str(j.job_id),
-            j.state if j.drop_at is None else "dropped",
+            (j.state + (" (waiting)" if j.waiting else "")) if j.drop_at is None else "dropped",
             _cell(j.watermark),
             _cell(lag(j, latest.get((j.key.database, j.key.table)))),
             last_error(j),

@@ -29,6 +29,9 @@ class JobInfo:
     drop_at: datetime | None
     owner: str | None = None
     """``<instance>@<epoch>`` of the instance serving the job (``cluster.enabled``)."""
+    waiting: str | None = None
+    """Why the job waits on a job upstream of it, paused or in error (a job whose
+    source is another job's target; :mod:`lakeprop.pipeline`), or None."""
 
     @classmethod
     def from_row(cls, row: CatalogRow) -> JobInfo:

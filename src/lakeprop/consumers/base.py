@@ -57,10 +57,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from lakeprop.changes import Bounds, latest_change_per_key
+from lakeprop.consumers.options import CHANGE_FEED
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
 from lakeprop.spec import JobKey, target_table
 from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -227,6 +229,10 @@ class Consumer(ABC):
 
     native: ClassVar[bool] = False
     """Whether :meth:`apply_changes_native` applies a small change set without Spark."""
+    table_target: ClassVar[bool] = True
+    """Whether the target is a Delta table other jobs may read as their source. Its
+    change feed is on unless the job's ``change_feed`` option turns it off
+    (:meth:`overwrite` sees to it)."""
 
     def __init__(self, context: ConsumerContext) -> None:
         self.context = context
@@ -283,15 +289,26 @@ class Consumer(ABC):
             )
         return self.target
 
+    @property
+    def change_feed(self) -> bool:
+        """Whether the target keeps a change feed, for jobs that read it (on unless
+        the ``change_feed`` option says false)."""
+        return self.table_target and self.context.options.get(CHANGE_FEED, True) is not False
+
     def overwrite(self, data: DataFrame, version: int) -> None:
-        """Replace the target with ``data``, once per ``version`` (a snapshot's write)."""
+        """Replace the target with ``data``, once per ``version`` (a snapshot's write),
+        its change feed on unless the job turned it off."""
         writer = (
             data.write.format("delta")
             .mode("overwrite")
             .option("overwriteSchema", "true")
             .options(**self.context.writer_options(version))
         )
+        if self.change_feed:
+            writer = writer.option(CHANGE_FEED_PROPERTY, "true")
         self.target.save(writer)
+        if self.change_feed:
+            self.target.keep_change_feed()
 
     def written_columns(self) -> list[str]:
         """The target columns a tail writes, for the source's columns in the context

@@ -44,6 +44,8 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 class KafkaChangefeedConsumer(Consumer):
     """Every change as a JSON message on a Kafka topic, in version order per key."""
 
+    table_target = False  # a topic, not a table
+
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         reject_unknown_options("kafka_changefeed", options, _ALLOWED)

@@ -8,7 +8,10 @@ from typing import Any
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.identifiers import validate_identifier
 
-TARGET_OPTIONS = frozenset({"target_database", "target_table"})
+CHANGE_FEED = "change_feed"
+"""The option that turns a table target's change feed off (``false``); on by default,
+so that other jobs can read the target as their source."""
+TARGET_OPTIONS = frozenset({"target_database", "target_table", CHANGE_FEED})
 
 
 def reject_unknown_options(consumer: str, options: Mapping[str, Any], allowed: set[str]) -> None:
@@ -34,9 +37,18 @@ def identifier_list(value: object, consumer: str, what: str) -> list[str]:
     return names
 
 
-def target_options(options: Mapping[str, Any]) -> dict[str, str | None]:
-    """The optional target_database / target_table options, validated."""
-    return {
+def target_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The optional target_database / target_table options, validated, and
+    ``change_feed`` where given (absent means on: an option added later must not
+    change the options, and so the write identity, of jobs registered before)."""
+    names = {
         name: None if options.get(name) is None else validate_identifier(options[name], name)
-        for name in sorted(TARGET_OPTIONS)
+        for name in ("target_database", "target_table")
     }
+    if CHANGE_FEED not in options:
+        return names
+    if not isinstance(options[CHANGE_FEED], bool):
+        raise InvalidConsumerOptionsError(
+            f"option {CHANGE_FEED} must be true or false, got {options[CHANGE_FEED]!r}"
+        )
+    return {**names, CHANGE_FEED: options[CHANGE_FEED]}

@@ -8,7 +8,8 @@ Delta log only when
 * a version past the lowest eligible watermark is known: announced by a writer,
   or seen by an earlier probe (a chunked catch-up goes on without a new
   announcement),
-* the table was not probed since the service started, or
+* the table was not probed since the service started, or an iteration of this
+  service wrote it (it is another job's target: :meth:`DirtyTables.touch`), or
 * its sweep is due: every table is probed at least once per ``sweep_interval``,
   which finds the commits of writers that announce nothing.
 
@@ -72,6 +73,12 @@ class DirtyTables:
             announced = self._announced.get(table)
         known = max(self._seen.get(table, -1), -1 if announced is None else announced.version)
         return known > since
+
+    def touch(self, table: TableName) -> None:
+        """A job of this service wrote ``table`` (another job's source): probe it at
+        the next tick, as if it had not been probed since the start. Called on the
+        micro-batch thread, like the probes."""
+        self._next_sweep.pop(table, None)
 
     def next_sweep(self, table: TableName) -> float:
         """When ``table``'s sweep is due (0: it was not probed since the start)."""

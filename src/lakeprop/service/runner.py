@@ -12,7 +12,8 @@ previous micro-batch named (:meth:`Runner.next_batch_at`).
    jobs' new watermarks durable (a restart rolls the catalog forward from the
    history, and the client reads watermarks there too). The catalog keeps the
    watermarks and statuses in memory, for the flush; only an error is
-   committed at once.
+   committed at once. A job that reads what one of them wrote (a pipeline:
+   :mod:`lakeprop.pipeline`) has its table probed at the next tick.
 2. The change log: decode each message, record its verdict (requests,
    rejects), apply the valid ones to the catalog. Verdicts are written before
    the catalog so that a replay skips what the catalog holds and keeps the
@@ -37,6 +38,7 @@ Only this thread writes the catalog; workers hand their results back.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections import deque
@@ -60,6 +62,7 @@ from lakeprop.engine.scheduler import Scheduler
 from lakeprop.engine.selection import Selected, TriggerSelection
 from lakeprop.engine.watermarks import advance
 from lakeprop.faults import fault_point
+from lakeprop.pipeline.graph import table_of, target_of_consumer
 from lakeprop.service.handover import DRAIN_WAIT, Handover, HandoverParts
 from lakeprop.service.observer import (
     BatchSummary,
@@ -276,6 +279,7 @@ class Runner:
         if self.usage is not None:
             self.usage.recorded(r.ended_at for r in records)
         self.observer.results(results)
+        self._feed_downstream(results)
         changed = advance(
             rows,
             results,
@@ -295,6 +299,24 @@ class Runner:
             (row for ref, row in changed.items() if ref not in errors), progress=True
         )
         return len(results)
+
+    def _feed_downstream(self, results: Sequence[IterationResult]) -> None:
+        """Make the jobs that read what these iterations wrote due at the next tick
+        (the scheduler's ``on_done`` has woken the query already): their tables
+        are probed without waiting for a sweep. With notifications off every tick
+        probes every table with a due job, so there is nothing to do."""
+        dirty = self.selection.dirty
+        if dirty is None:
+            return
+        watched = {table_of(*name): name for name in self.selection.watched}
+        for result in results:
+            for member in result.members:
+                if member.ok and member.consumer_spec:
+                    consumer = json.loads(member.consumer_spec)
+                    options = consumer.get("options") or {}
+                    target = target_of_consumer(member.ref[0], consumer["type"], options)
+                    if target in watched:
+                        dirty.touch(watched[target])
 
     # -- 2. the change log --------------------------------------------------------------
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lakeprop.changelog import BulkCommand, Command, LogRecord, Operation, decode
-from lakeprop.errors import ErrorCode, InvalidMessageError, LakepropError
+from lakeprop.errors import (
+    ErrorCode,
+    InvalidMessageError,
+    LakepropError,
+    PipelineError,
+    SourceTableError,
+)
+from lakeprop.pipeline.graph import Graph, Node, describe_cycle, table_of
 from lakeprop.spec import JobKey, JobRef, JobSpec, merge_spec
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
@@ -88,6 +95,7 @@ class _Applying:
     tenants: Tenants
     result: ApplyResult = field(default_factory=ApplyResult)
     _census: Census | None = None
+    _graph: Graph | None = None
 
     def put(self, row: CatalogRow) -> None:
         existing = [r for r in self.by_key.get(row.key, []) if r.job_id != row.job_id]
@@ -103,6 +111,43 @@ class _Applying:
                 (r.key, r.spec()) for rows in self.by_key.values() for r in rows if r.is_live
             )
         return self._census
+
+    @property
+    def graph(self) -> Graph:
+        """The live jobs' pipeline graph, built once per :func:`apply_commands` call
+        and kept current as its commands apply."""
+        if self._graph is None:
+            self._graph = Graph.of(
+                Node.stored(r.key, r.job_spec)
+                for rows in self.by_key.values()
+                for r in rows
+                if r.is_live
+            )
+        return self._graph
+
+    def acyclic(self, key: JobKey, spec: JobSpec) -> None:
+        """Raise when ``key`` with ``spec`` would read, through other jobs, what it writes."""
+        cycle = self.graph.cycle_with(key, spec)
+        if cycle is not None:
+            raise PipelineError(
+                f"job {key} would make a cycle: {describe_cycle(cycle, self.graph, spec)}; "
+                "a job may not read, through other jobs, the table it writes"
+            )
+
+    def checked(self, key: JobKey, spec: JobSpec) -> str:
+        """The source's identity (:data:`SourceCheck`). A missing source that a live job
+        writes is that job's target before its first snapshot: the error says so."""
+        try:
+            return self.check(key, spec)
+        except SourceTableError as exc:
+            writers = self.graph.writers(table_of(key.database, key.table))
+            if exc.code != ErrorCode.SOURCE_NOT_DELTA or not writers:
+                raise
+            raise SourceTableError(
+                f"{exc}; it is the target of job {writers[0]}, which has not written it "
+                "yet: register this job once that one has its first snapshot",
+                exc.code,
+            ) from None
 
     def verdict(self, cmd: Command, outcome: Outcome, detail: str, **kw: Any) -> None:
         self.result.verdicts.append(Verdict.of(cmd, outcome, detail, **kw))
@@ -128,8 +173,10 @@ def _register(
         return
     if prior is None:  # a replay keeps the verdict it got, whatever changed since
         ctx.tenants.admit(cmd.key, cmd.spec, ctx.census, new_job=True)
-    table_id = prior.table_id if prior and prior.table_id else ctx.check(cmd.key, cmd.spec)
+        ctx.acyclic(cmd.key, cmd.spec)
+    table_id = prior.table_id if prior and prior.table_id else ctx.checked(cmd.key, cmd.spec)
     ctx.census.add(cmd.key, cmd.spec)
+    ctx.graph.add(cmd.key, cmd.spec)
     new = CatalogRow(
         account_id=cmd.key.account_id,
         database=cmd.key.database,
@@ -156,10 +203,31 @@ def _unregister(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
 ) -> None:
     assert live is not None
+    below = ctx.graph.below(live.key)
+    if below and not cmd.cascade and prior is None:
+        raise PipelineError(
+            f"job {live.key} has {len(below)} job(s) downstream, reading its target: "
+            f"{', '.join(map(str, below))}; unregister them first, or send the "
+            "unregister with cascade to drop them too",
+            ErrorCode.DOWNSTREAM_JOBS,
+        )
     ctx.put_touched(replace(live, drop_at=cmd.record.timestamp), cmd)
-    ctx.census.remove(live.key)
-    ctx.result.cancel.add(live.row_id)
-    ctx.verdict(cmd, Outcome.APPLIED, "unregistered", job_id=live.job_id)
+    dropped = [live]
+    if cmd.cascade:  # the downstream rows keep their own messages' coordinates
+        for key in below:
+            row = next(r for r in ctx.by_key[key] if r.is_live)
+            ctx.put(replace(row, drop_at=cmd.record.timestamp))
+            dropped.append(row)
+    for row in dropped:
+        ctx.census.remove(row.key)
+        ctx.graph.remove(row.key)
+        ctx.result.cancel.add(row.row_id)
+    detail = "unregistered"
+    if len(dropped) > 1:
+        detail += f" with {len(dropped) - 1} job(s) downstream: " + ", ".join(
+            str(r.key) for r in dropped[1:]
+        )
+    ctx.verdict(cmd, Outcome.APPLIED, detail, job_id=live.job_id)
 
 
 def _update_spec(
@@ -173,7 +241,9 @@ def _update_spec(
         merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
     if prior is None:
         ctx.tenants.admit(cmd.key, merged, ctx.census, new_job=False)
+        ctx.acyclic(cmd.key, merged)
         ctx.check(cmd.key, merged)
+    ctx.graph.add(cmd.key, merged)
     updated = replace(live, job_spec=merged.canonical())
     if updated.consumer_spec() != live.consumer_spec():
         updated = replace(updated, watermark=None, watermark_ts=None)

@@ -26,6 +26,9 @@ from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.probe import DeltaLogProbe
 
+CHANGE_FEED_PROPERTY = "delta.enableChangeDataFeed"
+"""The table property that turns a Delta table's Change Data Feed on."""
+
 
 @dataclass(frozen=True)
 class SourceInfo:
@@ -91,6 +94,15 @@ class TableHandle:
             writer.save(self.path)
         else:
             writer.saveAsTable(str(self.name))
+
+    def keep_change_feed(self) -> None:
+        """Turn the table's change feed on where it is off (a table made before its
+        writer asked for one: a write's table properties set only a new table's)."""
+        properties = self.delta().detail().select("properties").first()
+        if properties is None or properties["properties"].get(CHANGE_FEED_PROPERTY) != "true":
+            self.spark.sql(
+                f"ALTER TABLE {self.sql_name} SET TBLPROPERTIES ('{CHANGE_FEED_PROPERTY}' = 'true')"
+            )
 
 
 class Tables:

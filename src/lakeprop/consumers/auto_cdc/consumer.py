@@ -27,7 +27,7 @@ from lakeprop.consumers.auto_cdc.scd2 import Scd2
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.spec import target_table
 from lakeprop.tables.probe import DeltaLogProbe
-from lakeprop.tables.resolve import TableHandle
+from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY, TableHandle
 
 TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
 """Suffixes of the tables next to the target."""
@@ -239,12 +239,14 @@ class AutoCdcConsumer(Consumer):
         return commit
 
     def _create(self, table: TableHandle, data: DataFrame, version: int) -> None:
-        """Replace ``table`` with ``data`` once per version, its change feed on."""
+        """Replace ``table`` with ``data`` once per version, its change feed on (the
+        target's unless the job's ``change_feed`` option turned it off)."""
+        feed = self.change_feed or table is not self.target
         writer = (
             data.write.format("delta")
             .mode("overwrite")
             .option("overwriteSchema", "true")
-            .option("delta.enableChangeDataFeed", "true")
+            .option(CHANGE_FEED_PROPERTY, str(feed).lower())
             .options(**self.context.writer_options(version))
         )
         table.save(writer)

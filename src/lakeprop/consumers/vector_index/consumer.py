@@ -67,6 +67,8 @@ class VectorError(PermanentError):
 class VectorIndexConsumer(Consumer):
     """An IVF index of a vector column: postings by list, centroids, a version pointer."""
 
+    table_target = False  # postings, centroids and a pointer, read through search
+
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         return validate(options)

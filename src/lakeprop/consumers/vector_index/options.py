@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lakeprop.consumers.options import (
+    CHANGE_FEED,
     TARGET_OPTIONS,
     identifier_list,
     reject_unknown_options,
@@ -30,7 +31,7 @@ _ALLOWED = {
     "dimension",
     "quarantine",
     "retrain",
-    *TARGET_OPTIONS,
+    *(TARGET_OPTIONS - {CHANGE_FEED}),  # its tables are its own, read through search
 }
 MAX_LISTS = 65_536
 

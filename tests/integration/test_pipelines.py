@@ -1,0 +1,187 @@
+"""Pipelines: jobs that read other jobs' targets, through the running service.
+
+A chain of three jobs (a replica of the source, an aggregate view of the
+replica, a replica of the view) is told of commits to its first table only,
+with an hour between ticks and between sweeps: a change reaches the last table
+because each iteration that writes a table another job reads makes that job's
+table due at once. The last table is compared whole with a model of the source
+after every commit, on the native path and on Spark. The graph's rules (no
+cycle, no drop that strands a job without ``cascade``, a job waiting on a paused
+upstream) are checked on the same service, and ``lakeprop graph`` draws it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+
+from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from devkit.harness import (
+    SOURCE_SCHEMA,
+    cdf_source,
+    cli_settings,
+    history,
+    latest_version,
+    running,
+    wait_for_watermark,
+)
+from devkit.waiting import assert_eventually
+from lakeprop import cli
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.errors import ErrorCode
+from lakeprop.spec import JobKey
+
+pytestmark = pytest.mark.integration
+
+COPY = JobKey(1, "p", "events", "copy")  # p.events -> p.events_copy
+TOTALS = JobKey(1, "p", "events_copy", "totals")  # -> p.events_copy_totals
+OUT = JobKey(1, "p", "events_copy_totals", "out")  # -> p.events_copy_totals_out
+
+
+def spec(consumer: str, **options: object) -> dict[str, object]:
+    return {
+        "trigger": {"kind": "greedy"},
+        "iteration": {"consumer": {"type": consumer, "options": options}},
+    }
+
+
+CHAIN = [
+    (COPY, spec("replica", primary_key=["id"])),
+    (TOTALS, spec("aggregate_view", group_by=["name"], aggregates=aggregates_of("amount"))),
+    (OUT, spec("replica", primary_key=["name"])),
+]
+
+
+def table(spark: SparkSession, config: AppConfig, name: str) -> DataFrame:
+    return spark.read.format("delta").load(f"{config.tables.warehouse}/p/{name}")
+
+
+def commit(spark: SparkSession, path: str, sql: str) -> int:
+    spark.sql(sql.format(t=f"delta.`{path}`"))
+    return latest_version(spark, path)
+
+
+def source_version(spark: SparkSession, config: AppConfig, key: JobKey) -> int:
+    return latest_version(spark, f"{config.tables.warehouse}/{key.database}/{key.table}")
+
+
+def through_the_chain(spark: SparkSession, config: AppConfig) -> None:
+    """Each job of the chain, in order, at the version its source holds once the job
+    before it is done: the version that job wrote."""
+    for key, _ in CHAIN:
+        wait_for_watermark(spark, config, key, source_version(spark, config, key))
+
+
+def assert_the_last_table_is_the_model(spark: SparkSession, config: AppConfig, path: str) -> None:
+    columns = ["name", *AGGREGATE_COLUMNS]
+    assert_df_equality(
+        table(spark, config, "events_copy_totals_out").select(*columns),
+        aggregated(spark.read.format("delta").load(path), ["name"], "amount").select(*columns),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+@pytest.mark.parametrize("path_taken", ["auto", "spark"])
+def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
+    spark: SparkSession, app_config: AppConfig, path_taken: str
+) -> None:
+    notifications = replace(
+        app_config.notifications,
+        enabled=True,
+        topic=f"{app_config.kafka.topic}.commits",
+        sweep_interval=3600.0,
+    )
+    config = replace(
+        app_config,
+        notifications=notifications,
+        tick_interval=3600.0,
+        engine=replace(app_config.engine, small_iterations=path_taken),
+    )
+    path = cdf_source(spark, config, "p", "events")
+    spark.createDataFrame(
+        [(i, f"g{i % 3}", float(i)) for i in range(9)], SOURCE_SCHEMA
+    ).write.format("delta").mode("append").save(path)
+    client = LakepropClient(config.kafka, config.state, spark, notifications=notifications)
+    with running(spark, config):
+        for key, job in CHAIN:  # each once its upstream's target exists
+            client.register_job(key, job)
+            wait_for_watermark(spark, config, key, source_version(spark, config, key))
+        assert_the_last_table_is_the_model(spark, config, path)
+        for sql in (
+            "INSERT INTO {t} VALUES (20, 'g1', 5.0), (21, 'g4', 7.5)",
+            "UPDATE {t} SET amount = amount + 1 WHERE id % 2 = 0",
+            "UPDATE {t} SET name = 'g9' WHERE id = 4",  # a row moves to another group
+            "DELETE FROM {t} WHERE name = 'g0'",  # a group disappears
+        ):
+            client.notify_commit("p", "events", commit(spark, path, sql))  # the first only
+            through_the_chain(spark, config)
+            assert_the_last_table_is_the_model(spark, config, path)
+    paths = {r["path"] for r in history(spark, config).where("kind = 'tail'").collect()}
+    assert paths == ({"native", "spark"} if path_taken == "auto" else {"spark"})
+    client.close()
+
+
+def test_the_graph_refuses_cycles_and_stranding_drops_and_shows_who_waits(
+    spark: SparkSession, app_config: AppConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = cdf_source(spark, app_config, "p", "events")
+    spark.createDataFrame([(1, "g1", 1.0)], SOURCE_SCHEMA).write.format("delta").mode(
+        "append"
+    ).save(path)
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    with running(spark, app_config):
+        early = client.wait_for_outcome(client.register_job(OUT, CHAIN[2][1]))
+        assert early["outcome"] == "rejected"  # its source does not exist yet
+        for key, job in CHAIN[:2]:
+            client.register_job(key, job)
+            wait_for_watermark(spark, app_config, key, source_version(spark, app_config, key))
+        client.register_job(OUT, CHAIN[2][1])
+        wait_for_watermark(spark, app_config, OUT, source_version(spark, app_config, OUT))
+
+        back = JobKey(1, "p", "events_copy_totals_out", "back")
+        cycle = client.wait_for_outcome(
+            client.register_job(back, spec("replica", primary_key=["name"], target_table="events"))
+        )
+        assert (cycle["outcome"], cycle["error_code"]) == ("rejected", ErrorCode.PIPELINE_CYCLE)
+        assert (
+            "p.events_copy_totals_out -[back]-> p.events -[copy]-> p.events_copy "
+            "-[totals]-> p.events_copy_totals -[out]-> p.events_copy_totals_out"
+        ) in cycle["detail"]
+
+        stranding = client.wait_for_outcome(client.unregister_job(TOTALS))
+        assert (stranding["outcome"], stranding["error_code"]) == (
+            "rejected",
+            ErrorCode.DOWNSTREAM_JOBS,
+        )
+        assert str(OUT) in stranding["detail"]
+
+        client.wait_for_outcome(client.pause_job(COPY))
+
+        def waiting() -> None:
+            for key in (TOTALS, OUT):
+                job = client.get_job_status(key)
+                assert job is not None and job.waiting == f"upstream job {COPY} is paused"
+
+        assert_eventually(waiting, timeout=60)
+
+        capsys.readouterr()
+        assert cli.main([*cli_settings(app_config), "graph", "--database", "p"]) == 0
+        assert capsys.readouterr().out.splitlines() == [
+            "p.events",
+            "  └─ copy (replica, paused) → p.events_copy",
+            "       └─ totals (aggregate_view, completed) → p.events_copy_totals",
+            "            └─ out (replica, completed) → p.events_copy_totals_out",
+        ]
+        assert cli.main([*cli_settings(app_config), "graph", "--format", "mermaid"]) == 0
+        assert capsys.readouterr().out.splitlines()[:2] == ["flowchart LR", '  t0["p.events"]']
+
+        dropped = client.wait_for_outcome(client.unregister_job(COPY, cascade=True))
+        assert dropped["outcome"] == "applied"
+        assert dropped["detail"] == f"unregistered with 2 job(s) downstream: {TOTALS}, {OUT}"
+        assert client.list_jobs() == []
+    client.close()

@@ -1,0 +1,195 @@
+"""The pipeline graph, and what the catalog does with it: cycles rejected, drops
+cascaded or refused (no Spark)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from lakeprop.changelog import Command, LogRecord, Operation
+from lakeprop.errors import ErrorCode
+from lakeprop.pipeline.graph import Graph, Node, describe_cycle
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.apply import apply_commands
+from lakeprop.state.job_row import CatalogRow
+from lakeprop.state.outcomes import Outcome
+
+T0 = datetime(2026, 11, 29, 12, 0, 0)
+
+
+def spec(consumer: str = "replica", **options: Any) -> JobSpec:
+    base: dict[str, Any] = {
+        "replica": {"primary_key": ["id"]},
+        "aggregate_view": {"group_by": [], "aggregates": [{"fn": "count", "as": "n"}]},
+        "kafka_changefeed": {
+            "topic": "t",
+            "bootstrap_servers": "127.0.0.1:9092",
+            "primary_key": ["id"],
+        },
+    }[consumer]
+    return JobSpec.from_json(
+        {"iteration": {"consumer": {"type": consumer, "options": base | options}}}
+    )
+
+
+def key(table: str, name: str = "j", database: str = "db") -> JobKey:
+    return JobKey(0, database, table, name)
+
+
+def graph(*jobs: tuple[JobKey, JobSpec]) -> Graph:
+    g = Graph()
+    for k, s in jobs:
+        g.add(k, s)
+    return g
+
+
+A = key("a", "x")  # db.a -> db.a_x
+B = key("a_x", "y")  # db.a_x -> db.a_x_y
+C = key("a_x_y", "z")  # db.a_x_y -> db.a_x_y_z
+
+
+def test_a_job_reading_another_jobs_target_is_its_downstream() -> None:
+    g = graph((A, spec()), (B, spec()), (C, spec("aggregate_view")))
+    assert g.downstream(A) == [B]
+    assert g.upstream(B) == [A]
+    assert g.below(A) == [B, C]
+    assert g.above(C) == [B, A]
+    assert g.upstream(A) == [] and g.downstream(C) == []
+
+
+def test_tables_are_matched_by_name_whatever_their_case_and_target_options() -> None:
+    named = key("src", "x")
+    reader = key("Shared_Out", "y", database="Other")
+    g = graph(
+        (named, spec(target_database="other", target_table="shared_out")),
+        (reader, spec()),
+    )
+    assert g.downstream(named) == [reader]
+
+
+def test_a_kafka_change_feed_is_no_table_and_feeds_no_job() -> None:
+    feed = key("a", "feed")
+    g = graph((feed, spec("kafka_changefeed")), (key("a_feed", "r"), spec()))
+    assert g.downstream(feed) == []
+
+
+def test_a_cycle_is_named_in_the_order_the_data_flows() -> None:
+    g = graph((A, spec()), (B, spec()))
+    closing = key("a_x_y", "back")
+    back = spec(target_table="a")
+    cycle = g.cycle_with(closing, back)
+    assert cycle == [closing, A, B]
+    assert describe_cycle(cycle, g, back) == (
+        "db.a_x_y -[back]-> db.a -[x]-> db.a_x -[y]-> db.a_x_y"
+    )
+    assert g.cycle_with(key("a", "self"), spec(target_table="a")) == [key("a", "self")]
+    assert g.cycle_with(C, spec()) is None
+
+
+def test_an_update_is_checked_without_its_own_old_edge() -> None:
+    g = graph((A, spec()), (B, spec()))
+    # B re-aimed at its own upstream's source closes a cycle; aimed elsewhere it does not
+    assert g.cycle_with(B, spec(target_table="a")) == [B, A]
+    assert g.cycle_with(B, spec(target_table="elsewhere")) is None
+
+
+def test_nodes_read_from_the_stored_spec_match_the_validated_ones() -> None:
+    s = spec(target_table="out")
+    assert Node.stored(A, s.canonical()) == Graph().node_for(A, s)
+
+
+# -- the catalog ------------------------------------------------------------------------
+
+
+def rec(offset: int) -> LogRecord:
+    return LogRecord("log", offset % 3, offset, T0 + timedelta(seconds=offset), None, None)
+
+
+def register(offset: int, k: JobKey, s: JobSpec) -> Command:
+    return Command(Operation.REGISTER, f"r{offset}", k, rec(offset), spec=s)
+
+
+def unregister(offset: int, k: JobKey, cascade: bool = False) -> Command:
+    return Command(Operation.UNREGISTER, f"r{offset}", k, rec(offset), cascade=cascade)
+
+
+def check_ok(k: JobKey, s: JobSpec) -> str:
+    return f"id-of-{k.table}"
+
+
+def chain() -> list[CatalogRow]:
+    result = apply_commands(
+        [], [register(1, A, spec()), register(2, B, spec()), register(3, C, spec())], check_ok
+    )
+    assert [v.outcome for v in result.verdicts] == [Outcome.APPLIED] * 3
+    return list(result.upserts.values())
+
+
+def test_a_register_that_closes_a_cycle_is_rejected_naming_it() -> None:
+    rows = chain()
+    result = apply_commands(
+        rows, [register(4, key("a_x_y_z", "back"), spec(target_table="a"))], check_ok
+    )
+    (verdict,) = result.verdicts
+    assert verdict.outcome is Outcome.REJECTED
+    assert verdict.error_code == ErrorCode.PIPELINE_CYCLE
+    assert (
+        "db.a_x_y_z -[back]-> db.a -[x]-> db.a_x -[y]-> db.a_x_y -[z]-> db.a_x_y_z"
+        in verdict.detail
+    )
+    assert not result.upserts
+
+
+def test_a_cycle_made_within_one_batch_is_rejected_too() -> None:
+    one = key("p", "q", database="d")  # d.p -> d.p_q
+    two = key("p_q", "r", database="d")  # d.p_q -> d.p
+    result = apply_commands(
+        [], [register(1, one, spec()), register(2, two, spec(target_table="p"))], check_ok
+    )
+    assert [v.outcome for v in result.verdicts] == [Outcome.APPLIED, Outcome.REJECTED]
+
+
+def test_an_update_that_closes_a_cycle_is_rejected() -> None:
+    rows = chain()
+    update = Command(
+        Operation.UPDATE_SPEC,
+        "u",
+        C,
+        rec(9),
+        spec_update={"iteration": {"consumer": {"options": {"target_table": "a"}}}},
+    )
+    (verdict,) = apply_commands(rows, [update], check_ok).verdicts
+    assert verdict.outcome is Outcome.REJECTED and verdict.error_code == ErrorCode.PIPELINE_CYCLE
+
+
+def test_dropping_a_job_others_read_needs_cascade() -> None:
+    rows = chain()
+    refused = apply_commands(rows, [unregister(10, B)], check_ok)
+    (verdict,) = refused.verdicts
+    assert verdict.outcome is Outcome.REJECTED
+    assert verdict.error_code == ErrorCode.DOWNSTREAM_JOBS
+    assert str(C) in verdict.detail and "cascade" in verdict.detail
+    assert not refused.upserts
+
+    dropped = apply_commands(rows, [unregister(11, A, cascade=True)], check_ok)
+    (verdict,) = dropped.verdicts
+    assert verdict.outcome is Outcome.APPLIED
+    assert f"2 job(s) downstream: {B}, {C}" in verdict.detail
+    assert {r.key for r in dropped.upserts.values() if not r.is_live} == {A, B, C}
+    assert {ref[0] for ref in dropped.cancel} == {A, B, C}
+    # the downstream rows keep their own messages' coordinates: a replay of those skips
+    by_key = {r.key: r for r in dropped.upserts.values()}
+    before = {r.key: r for r in rows}
+    assert (by_key[B].log_partition, by_key[B].log_offset) == (
+        before[B].log_partition,
+        before[B].log_offset,
+    )
+    assert (
+        apply_commands(dropped.upserts.values(), [register(2, B, spec())], check_ok).upserts == {}
+    )
+
+
+def test_the_last_job_of_a_chain_drops_alone() -> None:
+    result = apply_commands(chain(), [unregister(12, C)], check_ok)
+    assert [v.outcome for v in result.verdicts] == [Outcome.APPLIED]
+    assert [r.key for r in result.upserts.values()] == [C]
