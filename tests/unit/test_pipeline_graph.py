@@ -8,6 +8,7 @@ from typing import Any
 
 from lakeprop.changelog import Command, LogRecord, Operation
 from lakeprop.errors import ErrorCode
+from lakeprop.pipeline import render
 from lakeprop.pipeline.graph import Graph, Node, describe_cycle
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
@@ -193,3 +194,56 @@ def test_the_last_job_of_a_chain_drops_alone() -> None:
     result = apply_commands(chain(), [unregister(12, C)], check_ok)
     assert [v.outcome for v in result.verdicts] == [Outcome.APPLIED]
     assert [r.key for r in result.upserts.values()] == [C]
+
+
+# -- drawing -----------------------------------------------------------------------------
+
+
+def drawn_chain() -> tuple[Graph, Any]:
+    feed = key("a_x_y", "feed")
+    g = graph((A, spec()), (B, spec()), (feed, spec("kafka_changefeed")))
+    label = render.labels(
+        [(A, "replica", "completed"), (B, "replica", "paused"), (feed, "kafka_changefeed", "error")]
+    )
+    return g, label
+
+
+def test_the_graph_is_drawn_as_text_mermaid_and_dot() -> None:
+    g, label = drawn_chain()
+    assert render.text(g, label).splitlines() == [
+        "db.a",
+        "  └─ x (replica, completed) → db.a_x",
+        "       └─ y (replica, paused) → db.a_x_y",
+        "            └─ feed (kafka_changefeed, error) → (no table)",
+    ]
+    assert render.mermaid(g, label).splitlines() == [
+        "flowchart LR",
+        '  t0["db.a"]',
+        '  t1["db.a_x"]',
+        '  t2["db.a_x_y"]',
+        '  t3[/"kafka_changefeed, error"/]',
+        '  t0 -->|"x: replica, completed"| t1',
+        '  t1 -->|"y: replica, paused"| t2',
+        '  t2 -->|"feed: kafka_changefeed, error"| t3',
+    ]
+    assert render.dot(g, label).splitlines() == [
+        "digraph lakeprop {",
+        "  rankdir=LR;",
+        "  node [shape=box];",
+        '  t0 [label="db.a"];',
+        '  t1 [label="db.a_x"];',
+        '  t2 [label="db.a_x_y"];',
+        '  t3 [label="kafka_changefeed, error", shape=parallelogram];',
+        '  t0 -> t1 [label="x: replica, completed"];',
+        '  t1 -> t2 [label="y: replica, paused"];',
+        '  t2 -> t3 [label="feed: kafka_changefeed, error"];',
+        "}",
+    ]
+
+
+def test_a_selection_keeps_one_jobs_chains_or_one_databases_jobs() -> None:
+    other = key("elsewhere", "solo", database="o")
+    g = graph((A, spec()), (B, spec()), (other, spec()))
+    assert set(render.selected(g, job=B).nodes) == {A, B}
+    assert set(render.selected(g, database="O").nodes) == {other}
+    assert set(render.selected(g).nodes) == {A, B, other}

@@ -80,33 +80,45 @@ def _ids(graph: Graph) -> dict[Table | JobKey, str]:
     return ids
 
 
+def _drawn(
+    graph: Graph, label: Callable[[JobKey], str]
+) -> tuple[list[tuple[str, str, bool]], list[tuple[str, str, str]]]:
+    """(id, text, is a job's own end) of every node and (from, to, text) of every
+    edge, in a stable order: what Mermaid and DOT both draw."""
+    ids = _ids(graph)
+    nodes = [
+        (
+            ident,
+            label(thing) if isinstance(thing, JobKey) else name(thing),
+            isinstance(thing, JobKey),
+        )
+        for thing, ident in ids.items()
+    ]
+    edges = [
+        (ids[n.source], ids[n.key] if n.target is None else ids[n.target], _edge(n, label))
+        for n in _ordered(graph)
+    ]
+    return nodes, edges
+
+
 def mermaid(graph: Graph, label: Callable[[JobKey], str]) -> str:
     """A Mermaid flowchart, left to right."""
-    ids = _ids(graph)
+    nodes, edges = _drawn(graph, label)
     lines = ["flowchart LR"]
-    for thing, ident in ids.items():
-        if isinstance(thing, JobKey):
-            lines.append(f'  {ident}[/"{_quoted(label(thing))}"/]')
-        else:
-            lines.append(f'  {ident}["{name(thing)}"]')
-    for node in _ordered(graph):
-        end = ids[node.key] if node.target is None else ids[node.target]
-        lines.append(f'  {ids[node.source]} -->|"{_quoted(_edge(node, label))}"| {end}')
+    for ident, text, end in nodes:
+        lines.append(f'  {ident}[/"{_quoted(text)}"/]' if end else f'  {ident}["{text}"]')
+    lines += [f'  {a} -->|"{_quoted(text)}"| {b}' for a, b, text in edges]
     return "\n".join(lines)
 
 
 def dot(graph: Graph, label: Callable[[JobKey], str]) -> str:
     """A Graphviz digraph, left to right."""
-    ids = _ids(graph)
+    nodes, edges = _drawn(graph, label)
     lines = ["digraph lakeprop {", "  rankdir=LR;", "  node [shape=box];"]
-    for thing, ident in ids.items():
-        if isinstance(thing, JobKey):
-            lines.append(f'  {ident} [label="{_escaped(label(thing))}", shape=parallelogram];')
-        else:
-            lines.append(f'  {ident} [label="{name(thing)}"];')
-    for node in _ordered(graph):
-        end = ids[node.key] if node.target is None else ids[node.target]
-        lines.append(f'  {ids[node.source]} -> {end} [label="{_escaped(_edge(node, label))}"];')
+    for ident, text, end in nodes:
+        shape = ", shape=parallelogram" if end else ""
+        lines.append(f'  {ident} [label="{_escaped(text)}"{shape}];')
+    lines += [f'  {a} -> {b} [label="{_escaped(text)}"];' for a, b, text in edges]
     lines.append("}")
     return "\n".join(lines)
 
