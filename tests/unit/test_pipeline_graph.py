@@ -247,3 +247,13 @@ def test_a_selection_keeps_one_jobs_chains_or_one_databases_jobs() -> None:
     assert set(render.selected(g, job=B).nodes) == {A, B}
     assert set(render.selected(g, database="O").nodes) == {other}
     assert set(render.selected(g).nodes) == {A, B, other}
+
+
+def test_a_cascade_never_drops_another_accounts_jobs() -> None:
+    theirs = JobKey(7, "db", "a_x", "theirs")  # account 7 reads account 0's target
+    rows = apply_commands([], [register(1, A, spec()), register(2, theirs, spec())], check_ok)
+    (verdict,) = apply_commands(
+        rows.upserts.values(), [unregister(3, A, cascade=True)], check_ok
+    ).verdicts
+    assert verdict.outcome is Outcome.REJECTED and verdict.error_code == ErrorCode.DOWNSTREAM_JOBS
+    assert str(theirs) in verdict.detail and "other accounts" in verdict.detail

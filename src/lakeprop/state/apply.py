@@ -204,11 +204,16 @@ def _unregister(
 ) -> None:
     assert live is not None
     below = ctx.graph.below(live.key)
-    if below and not cmd.cascade and prior is None:
+    foreign = [k for k in below if k.account_id != live.key.account_id]
+    if prior is None and (foreign or (below and not cmd.cascade)):
         raise PipelineError(
             f"job {live.key} has {len(below)} job(s) downstream, reading its target: "
-            f"{', '.join(map(str, below))}; unregister them first, or send the "
-            "unregister with cascade to drop them too",
+            f"{', '.join(map(str, below))}; "
+            + (
+                "jobs of other accounts are dropped by their own accounts only"
+                if foreign
+                else "unregister them first, or send the unregister with cascade to drop them too"
+            ),
             ErrorCode.DOWNSTREAM_JOBS,
         )
     ctx.put_touched(replace(live, drop_at=cmd.record.timestamp), cmd)
