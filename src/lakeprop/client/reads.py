@@ -34,7 +34,7 @@ from lakeprop.errors import (
     SourceTableError,
     StateNotFoundError,
 )
-from lakeprop.pipeline.graph import Graph, Node
+from lakeprop.pipeline.graph import Graph
 from lakeprop.spec import JobKey
 from lakeprop.state.accounts import AccountRow
 from lakeprop.state.history import Reached, rolled_forward
@@ -180,7 +180,7 @@ class StateReader:
             return jobs
         live = self._catalog_rows(Condition("drop_at", "is null"))
         rows = {r.key: r for r in live}
-        graph = Graph.of(Node.stored(r.key, r.job_spec) for r in live)
+        graph = Graph.of(r.node for r in live)
         out = []
         for job in jobs:
             stuck = next(

@@ -25,7 +25,7 @@ from lakeprop.errors import (
     PipelineError,
     SourceTableError,
 )
-from lakeprop.pipeline.graph import Graph, Node, describe_cycle, table_of
+from lakeprop.pipeline.graph import Graph, describe_cycle, table_of
 from lakeprop.spec import JobKey, JobRef, JobSpec, merge_spec
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict, Verdict
@@ -118,10 +118,7 @@ class _Applying:
         and kept current as its commands apply."""
         if self._graph is None:
             self._graph = Graph.of(
-                Node.stored(r.key, r.job_spec)
-                for rows in self.by_key.values()
-                for r in rows
-                if r.is_live
+                r.node for rows in self.by_key.values() for r in rows if r.is_live
             )
         return self._graph
 

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from lakeprop.changelog import LogRecord
+from lakeprop.pipeline.graph import Node
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.schema import Int32, row_tuple, spark_schema
 from lakeprop.state.status import JobState
@@ -40,6 +41,13 @@ class CatalogRow:
     def key(self) -> JobKey:
         """Built (and its names validated) once per row: every tick asks each row's."""
         return JobKey(self.account_id, self.database, self.table, self.job_name)
+
+    @cached_property
+    def node(self) -> Node:
+        """The job in the pipeline graph: its source and target tables, read from its
+        stored spec once per row (every micro-batch with a registration builds the
+        graph of all live jobs)."""
+        return Node.stored(self.key, self.job_spec)
 
     @cached_property
     def row_id(self) -> JobRef:
