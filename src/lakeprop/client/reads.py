@@ -142,8 +142,12 @@ class StateReader:
         reached = self.reached(database, table)
         return [rolled_forward(r, reached) or r for r in rows]
 
-    def get_job_status(self, key: JobKey) -> JobInfo | None:
-        """The live job with this key, or else its most recently dropped one."""
+    def get_job_status(self, key: JobKey, *, waiting: bool = True) -> JobInfo | None:
+        """The live job with this key, or else its most recently dropped one.
+
+        ``waiting=False`` leaves :attr:`JobInfo.waiting` unset and spares the read of
+        every live job it takes, for callers that want the spec or the watermark
+        only (a wait's polls, a search)."""
         rows = self._catalog_rows(
             eq("account_id", key.account_id),
             eq("database", key.database),
@@ -154,8 +158,8 @@ class StateReader:
         if best is None:
             return None
         (best,) = self._with_progress([best], key.database, key.table)
-        (info,) = self._waiting([JobInfo.from_row(best)])
-        return info
+        info = JobInfo.from_row(best)
+        return self._waiting([info])[0] if waiting else info
 
     def list_jobs(
         self,
@@ -171,14 +175,19 @@ class StateReader:
             where.append(eq("account_id", account_id))
         if not include_dropped:
             where.append(Condition("drop_at", "is null"))
-        return self._waiting(by_key(self._with_progress(self._catalog_rows(*where))))
+        rows = self._catalog_rows(*where)
+        every = state is None and account_id is None  # every live job is among them
+        live = [r for r in rows if r.is_live] if every else None
+        return self._waiting(by_key(self._with_progress(rows)), live)
 
-    def _waiting(self, jobs: list[JobInfo]) -> list[JobInfo]:
+    def _waiting(self, jobs: list[JobInfo], live: list[CatalogRow] | None = None) -> list[JobInfo]:
         """The jobs, each live one downstream of a paused or failed job marked
-        :attr:`JobInfo.waiting` (the nearest such job above it names why)."""
+        :attr:`JobInfo.waiting` (the nearest such job above it names why); ``live``:
+        every live catalog row, when the caller has read them already."""
         if not any(j.drop_at is None for j in jobs):
             return jobs
-        live = self._catalog_rows(Condition("drop_at", "is null"))
+        if live is None:
+            live = self._catalog_rows(Condition("drop_at", "is null"))
         rows = {r.key: r for r in live}
         graph = Graph.of(r.node for r in live)
         out = []
@@ -413,7 +422,7 @@ class StateReader:
         """``get_job_status``, or None while the service has not created its state."""
         if self.scan.version(self._path(CATALOG_TABLE)) is None:
             return None
-        return self.get_job_status(key)
+        return self.get_job_status(key, waiting=False)
 
 
 def _where(job: JobInfo | None) -> str:

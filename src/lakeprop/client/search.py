@@ -40,7 +40,7 @@ class SearchHit:
 def job_options(config: AppConfig, key: JobKey, consumer_type: str) -> dict[str, Any]:
     """The consumer options of the live job ``key``, which must be of ``consumer_type``
     (read from the catalog without Spark), or SearchError."""
-    info = StateReader.without_spark(config).get_job_status(key)
+    info = StateReader.without_spark(config).get_job_status(key, waiting=False)
     if info is None or info.drop_at is not None:
         raise SearchError(f"no job {key}")
     consumer = info.spec["iteration"]["consumer"]
