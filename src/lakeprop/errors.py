@@ -54,6 +54,7 @@ class ErrorCode(IntEnum):
     BULK_IN_CLUSTER = 10603
     PIPELINE_CYCLE = 10700
     DOWNSTREAM_JOBS = 10701
+    EXPECTATION_FAILED = 10702
 
 
 TEMPORARY_LIMIT = 10000
@@ -110,6 +111,8 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     "cycle is named",
     ErrorCode.DOWNSTREAM_JOBS: "an unregister of a job whose target other jobs read: they are "
     "named; unregister them first, or send the unregister with `cascade`",
+    ErrorCode.EXPECTATION_FAILED: "rows broke an expectation whose action is `fail`: the rule "
+    "and a few keys are named, and nothing of the range was written",
 }
 """What each code means, for the error-code reference (``docs/reference``)."""
 
@@ -210,6 +213,12 @@ class PipelineError(PermanentError):
     leave jobs reading a table nothing writes any more."""
 
     default_code = ErrorCode.PIPELINE_CYCLE
+
+
+class ExpectationFailed(PermanentError):
+    """Rows going to a job's target broke one of its ``fail`` expectations."""
+
+    default_code = ErrorCode.EXPECTATION_FAILED
 
 
 class DeliveryError(TemporaryError):

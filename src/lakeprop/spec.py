@@ -20,6 +20,7 @@ from typing import Any
 
 from lakeprop.errors import InvalidSpecError
 from lakeprop.identifiers import validate_identifier
+from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 
 MAX_ACCOUNT_ID = 2**32 - 1
@@ -167,7 +168,8 @@ class TriggerSpec:
 
 @dataclass(frozen=True)
 class ConsumerInfo:
-    """Which consumer receives the changes, and its options (validated by its type).
+    """Which consumer receives the changes, and its options (validated by its type;
+    the ``expectations`` option, any type's, by :mod:`lakeprop.pipeline.expectations`).
 
     ``generation`` counts the job's resyncs: a resync bumps it, which makes the
     consumer a new one, so no earlier progress counts for it (as after a change
@@ -191,9 +193,10 @@ class ConsumerInfo:
             raise InvalidSpecError(
                 f"iteration.consumer.generation must be 0 or more, got {generation!r}"
             )
+        own, rules = expectations.split(options)
         return cls(
             type=consumer_type.name,
-            options=consumer_type.validate_options(options),
+            options=expectations.joined(consumer_type.validate_options(own), rules),
             generation=generation,
         )
 

@@ -78,8 +78,14 @@ def status(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         common.print_json(asdict(info))
-    else:
-        show_jobs(client, [info])
+        return 0
+    show_jobs(client, [info])
+    if info.freshness is not None:
+        fresh = info.freshness
+        print(
+            f"pipeline: its last write, at {fresh['at']:%Y-%m-%d %H:%M:%S}, was "
+            f"{fresh['seconds']:.2f} s behind the commit to {fresh['origin']} it reflects"
+        )
     return 0
 
 

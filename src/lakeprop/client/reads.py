@@ -159,7 +159,27 @@ class StateReader:
             return None
         (best,) = self._with_progress([best], key.database, key.table)
         info = JobInfo.from_row(best)
-        return self._waiting([info])[0] if waiting else info
+        if not waiting:
+            return info
+        return replace(self._waiting([info])[0], freshness=self._freshness(best))
+
+    def _freshness(self, row: CatalogRow) -> dict[str, Any] | None:
+        """The end-to-end freshness of the job's last write that recorded one."""
+        if row.drop_at is not None:
+            return None
+        where = (eq("database", row.database), eq("table", row.table), eq("job_id", row.job_id))
+        columns = ("ended_at", "members")
+        runs = self._read(HISTORY_TABLE, Query(columns, where, explode="members"))
+        traced = [r for r in runs if r.get("origin_at") is not None]
+        if not traced:
+            return None
+        last = max(traced, key=lambda r: r["ended_at"])
+        seconds = (last["ended_at"] - last["origin_at"]).total_seconds()
+        return {
+            "origin": last["origin_table"],
+            "seconds": max(0.0, seconds),
+            "at": last["ended_at"],
+        }
 
     def list_jobs(
         self,

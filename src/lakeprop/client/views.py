@@ -32,6 +32,11 @@ class JobInfo:
     waiting: str | None = None
     """Why the job waits on a job upstream of it, paused or in error (a job whose
     source is another job's target; :mod:`lakeprop.pipeline`), or None."""
+    freshness: dict[str, Any] | None = None
+    """For a job reading another job's target, its last write's end-to-end
+    freshness (:mod:`lakeprop.pipeline.freshness`): ``origin`` (the chain's first
+    table), ``seconds`` from the commit to it to the write's end, and ``at`` (that
+    end); None when not known. Set by ``get_job_status`` only."""
 
     @classmethod
     def from_row(cls, row: CatalogRow) -> JobInfo:

@@ -8,6 +8,7 @@ from lakeprop.config.fields import LOCAL_BOOTSTRAP, duration, is_duration
 from lakeprop.config.sections import (
     ClusterConfig,
     EngineConfig,
+    EventsConfig,
     KafkaConfig,
     LocalBrokerConfig,
     MetricsConfig,
@@ -24,6 +25,7 @@ __all__ = [
     "AppConfig",
     "ClusterConfig",
     "EngineConfig",
+    "EventsConfig",
     "KafkaConfig",
     "LocalBrokerConfig",
     "MetricsConfig",

@@ -50,6 +50,7 @@ class AppConfig:
         default_factory=sections.NotificationsConfig
     )
     metrics: sections.MetricsConfig = field(default_factory=sections.MetricsConfig)
+    events: sections.EventsConfig = field(default_factory=sections.EventsConfig)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
     cluster: sections.ClusterConfig = field(default_factory=sections.ClusterConfig)
     tick_interval: float = duration(10.0)

@@ -332,6 +332,20 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class EventsConfig:
+    """The event table (``<state.location>/events``): the service's iterations, job
+    errors, expectation counts and verdicts, one Delta row each, for notebooks."""
+
+    enabled: bool = True
+    """Write the event table."""
+    flush_interval: float = duration(10.0)
+    """Events are appended in one commit at most this often (and at a stop)."""
+
+    def __post_init__(self) -> None:
+        positive(self.flush_interval, "events.flush_interval")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """The Prometheus endpoint of the driver (see the docs' "Metrics" page)."""
 

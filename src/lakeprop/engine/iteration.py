@@ -15,11 +15,12 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from lakeprop.consumers.base import Consumer
-from lakeprop.engine import changeset
+from lakeprop.engine import changeset, expect
 from lakeprop.engine.changeset import COUNTING_CONFS, ChangeSet, HeldLatest
 from lakeprop.engine.failures import fail_the_rest
 from lakeprop.engine.fanout import (
@@ -46,7 +47,9 @@ from lakeprop.engine.native import (
 )
 from lakeprop.engine.sparkstats import cached_bytes, group_jobs, task_seconds
 from lakeprop.faults import fault_point
+from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
+from lakeprop.state.history import RuleCount
 from lakeprop.tables.resolve import TableHandle, Tables
 
 log = logging.getLogger(__name__)
@@ -175,7 +178,8 @@ def _consume(
     tables: Tables,
     token: CancelToken,
 ) -> MemberResult:
-    """One member's step on Spark: the snapshot, or its slice of the change set."""
+    """One member's step on Spark: the snapshot, or its slice of the change set,
+    through the job's expectations first where it has some."""
     start = job.member.from_version if kind is IterationKind.TAIL else None
     held = changes.held
     context = member_context(
@@ -191,13 +195,43 @@ def _consume(
             functools.partial(held.after, start) if held is not None and start is not None else None
         ),
     )
+    rows = changes.data if start is None else changes.after(start)
 
-    def call(consumer: Consumer) -> int:
+    def apply(consumer: Consumer, rows: DataFrame) -> int:
         if start is None:
-            return consumer.snapshot(changes.data, plan.to_version)
-        return consumer.apply_changes(changes.after(start), start, plan.to_version)
+            return consumer.snapshot(rows, plan.to_version)
+        return consumer.apply_changes(rows, start, plan.to_version)
 
-    return run_member(job, context, token, call, f"iteration {plan.iteration_id}")
+    rules = expectations.of(context.options)
+    where = f"iteration {plan.iteration_id}"
+    if not rules:
+        return run_member(job, context, token, lambda consumer: apply(consumer, rows), where)
+    counts: list[RuleCount] = []
+
+    def guarded(consumer: Consumer) -> int:
+        source = tables.handle(plan.table.database, plan.table.table, spark)
+        shown = get_consumer_type(context.consumer_type).key_columns(context.options)
+        found = expect.guard(
+            rules,
+            rows,
+            source=source,
+            from_version=start,
+            to_version=plan.to_version,
+            shown_keys=shown,
+        )
+        counts.extend(found.counts)
+        if found.dropped is None:
+            return apply(consumer, rows)
+        # the consumer gets the kept rows alone: their count, and no last changes
+        # held for the other members (those are of every row)
+        kept = replace(context, change_rows=found.kept, held_latest=None)
+        written = apply(get_consumer_type(context.consumer_type).factory(kept), found.rows)
+        expect.quarantine(context, found.dropped, start is None, plan.to_version)
+        return written
+
+    member = run_member(job, context, token, guarded, where)
+    member.expectations = counts
+    return member
 
 
 def iteration_work(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
 from lakeprop.errors import ErrorCode
+from lakeprop.pipeline.freshness import Origin
 from lakeprop.spec import JobKey, JobRef, JobSpec
-from lakeprop.state.history import IterationRecord, MemberRecord, consumer_digest
+from lakeprop.state.history import IterationRecord, MemberRecord, RuleCount, consumer_digest
 
 
 class IterationKind(str, Enum):
@@ -114,6 +116,11 @@ class MemberResult:
     error_msg: str = ""
     consumer_spec: str = ""
     """Canonical JSON of the consumer (type and options) the member ran with."""
+    expectations: Sequence[RuleCount] = ()
+    """What the job's expectations found (:mod:`lakeprop.engine.expect`)."""
+    origin: Origin | None = None
+    """For a job reading another job's target: the commit to its chain's first table
+    its write reflects (:mod:`lakeprop.pipeline.freshness`)."""
 
     @property
     def ok(self) -> bool:
@@ -191,6 +198,9 @@ class IterationResult:
                     error_code=m.error_code,
                     error_msg=m.error_msg[:2000],
                     consumer_digest=consumer_digest(m.consumer_spec) if m.consumer_spec else None,
+                    expectations=list(m.expectations) or None,
+                    origin_table=None if m.origin is None else m.origin.name,
+                    origin_at=None if m.origin is None else datetime.fromtimestamp(m.origin.at),
                 )
                 for m in self.members
             ],

@@ -39,6 +39,7 @@ from lakeprop.engine.model import (
     MemberJob,
 )
 from lakeprop.faults import fault_point
+from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
@@ -97,6 +98,8 @@ def why_not(plan: IterationPlan, jobs: Sequence[MemberJob], settings: NativeSett
     slow = sorted(t for t in types if not get_consumer_type(t).native)
     if slow:
         return f"consumer type(s) {slow} have no native path"
+    if any(expectations.OPTION in j.spec.iteration.consumer.options for j in jobs):
+        return "a job has expectations, which run on Spark"
     return None
 
 

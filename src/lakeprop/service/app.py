@@ -27,15 +27,17 @@ from lakeprop.kafka import partitions
 from lakeprop.membership.group import Seat
 from lakeprop.notifications import CommitNotice
 from lakeprop.service.carry_over import carry_over, starting_offsets
+from lakeprop.service.events import EventLog
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.notices import NoticeListener
-from lakeprop.service.observer import Unobserved
+from lakeprop.service.observer import Observers, RunnerObserver, Unobserved
 from lakeprop.service.runner import Runner, RunnerParts
 from lakeprop.service.stream import ChangelogOffsets, Offsets, start_query
 from lakeprop.service.wake import Waker, wake_topic
 from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import JobCatalog, RowScope, SharedWrites
+from lakeprop.state.events import EventTable
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import OutcomeTables
@@ -45,6 +47,7 @@ from lakeprop.state.store import (
     BULK_OPERATIONS_TABLE,
     BULK_TASKS_TABLE,
     CATALOG_TABLE,
+    EVENTS_TABLE,
     HISTORY_TABLE,
     REJECTS_TABLE,
     REQUESTS_TABLE,
@@ -170,6 +173,7 @@ class PropagationApp:
             else None
         )
         self.metrics = self._metrics()
+        self.events = self._events()
         self.offsets = ChangelogOffsets(
             FilesFor(spark)(config.state.checkpoint_location),
             config.state.checkpoint_location,
@@ -190,7 +194,7 @@ class PropagationApp:
                 usage=self.usage,
                 accounts=AccountsTable(spark, config.state.table_path(ACCOUNTS_TABLE)),
                 bulk=self.bulk,
-                observer=Unobserved() if self.metrics is None else self.metrics.reported,
+                observer=self._observer(),
                 log_empty=self.offsets.empty,
                 ownership=self.ownership,
                 storage=self.storage,
@@ -204,6 +208,26 @@ class PropagationApp:
             self.metrics.watch_accounts(self.scheduler.accounts)
             if isinstance(self.ownership, SlotOwner):
                 self.metrics.watch_cluster(self.ownership, self.catalog.rows)
+
+    def _observer(self) -> RunnerObserver:
+        """Who is told what each micro-batch did: the metrics, the event table."""
+        observers: list[RunnerObserver] = []
+        if self.metrics is not None:
+            observers.append(self.metrics.reported)
+        if self.events is not None:
+            observers.append(self.events)
+        return Observers(*observers) if observers else Unobserved()
+
+    def _events(self) -> EventLog | None:
+        """The event table's writer, when configured (on by default)."""
+        config = self.config
+        if not config.events.enabled:
+            return None
+        return EventLog(
+            EventTable(self.spark, config.state.table_path(EVENTS_TABLE)),
+            config.events.flush_interval,
+            instance=config.cluster.instance() if config.cluster.enabled else None,
+        )
 
     def _metrics(self) -> Metrics | None:
         """The Prometheus metrics, when configured (the package is imported only then)."""
@@ -308,6 +332,7 @@ class PropagationApp:
                 self.history.ensure,
                 self.usage.ensure,
                 self.bulk_tables.ensure,
+                *([] if self.events is None else [self.events.table.ensure]),
             )
             _all(pool, self.catalog.load, self.outcomes.load)
         self.roll_forward()
@@ -482,6 +507,8 @@ class PropagationApp:
                     self.usage.refresh,
                     lambda: self.runner.housekeeping.publish_accounts(self.runner.clock()),
                 )
+        if self.events is not None:
+            self.events.flush()
         if self.seat is not None:
             self.ownership.stop()
             self.seat.stop()  # leave the group: the others take the slots over now

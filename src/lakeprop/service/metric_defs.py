@@ -100,6 +100,19 @@ METRICS: tuple[MetricDef, ...] = (
         "Failed consumer runs of iterations, by error code",
         ("code",),
     ),
+    MetricDef(
+        "lakeprop_pipeline_freshness_seconds",
+        "gauge",
+        "For a job reading another job's target: seconds from the commit to its chain's "
+        "first table to the end of its last write that reflects it",
+        JOB_LABELS,
+    ),
+    MetricDef(
+        "lakeprop_expectation_failed_rows",
+        "counter",
+        "Rows (a unique rule: keys) that broke a job's expectation",
+        ("account", "database", "table", "job", "expectation", "action"),
+    ),
     # ticks
     MetricDef("lakeprop_ticks", "counter", "Micro-batches processed"),
     MetricDef(

@@ -25,7 +25,7 @@ from lakeprop.engine.model import IterationResult, TableRef
 from lakeprop.engine.ownership import SlotChanges, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
 from lakeprop.service.gauges import AccountGauges, ClusterGauges, JobGauges, QueryProgress
-from lakeprop.service.metric_defs import METRICS, counter, histogram
+from lakeprop.service.metric_defs import METRICS, counter, gauge, histogram
 from lakeprop.service.observer import BatchTimings, TickSummary
 from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.state.job_row import CatalogRow
@@ -73,6 +73,8 @@ class ServiceMetrics:
         self.rows_written = counter("lakeprop_consumer_rows_written", registry)
         self.iteration_spark_jobs = counter("lakeprop_iteration_spark_jobs", registry)
         self.job_errors = counter("lakeprop_job_errors", registry)
+        self.expectation_rows = counter("lakeprop_expectation_failed_rows", registry)
+        self.freshness = gauge("lakeprop_pipeline_freshness_seconds", registry)
         # the change log
         self.verdicts_total = counter("lakeprop_verdicts", registry)
         self.rejects = counter("lakeprop_rejects", registry)
@@ -110,6 +112,24 @@ class ServiceMetrics:
                 self.rows_written.labels(member.consumer_type).inc(member.rows_written)
                 if not member.ok:
                     self.job_errors.labels(str(member.error_code)).inc()
+                key = member.ref[0]
+                if member.origin is not None:
+                    self.freshness.labels(
+                        str(key.account_id),
+                        key.database,
+                        key.table,
+                        key.job_name,
+                        str(member.job_id),
+                    ).set(max(0.0, result.ended_at - member.origin.at))
+                for rule in member.expectations:
+                    self.expectation_rows.labels(
+                        str(key.account_id),
+                        key.database,
+                        key.table,
+                        key.job_name,
+                        rule.name,
+                        rule.action,
+                    ).inc(rule.failed)
 
     def verdicts(self, verdicts: Sequence[Verdict]) -> None:
         for verdict in verdicts:

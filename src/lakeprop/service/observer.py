@@ -89,3 +89,26 @@ class Unobserved:
 
     def handover(self, handover: SlotChanges) -> None:
         pass
+
+
+class Observers:
+    """Several observers, each told everything in turn."""
+
+    def __init__(self, *observers: RunnerObserver) -> None:
+        self.observers = observers
+
+    def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
+        for observer in self.observers:
+            observer.batch(timings, tick)
+
+    def results(self, results: Sequence[IterationResult]) -> None:
+        for observer in self.observers:
+            observer.results(results)
+
+    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+        for observer in self.observers:
+            observer.verdicts(verdicts)
+
+    def handover(self, handover: SlotChanges) -> None:
+        for observer in self.observers:
+            observer.handover(handover)

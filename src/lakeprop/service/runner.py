@@ -55,14 +55,22 @@ from lakeprop.config import EngineConfig
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
-from lakeprop.engine.model import IterationKind, IterationPlan, IterationResult, MemberJob, Retry
+from lakeprop.engine.model import (
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    MemberJob,
+    MemberResult,
+    Retry,
+)
 from lakeprop.engine.native import NativeSettings
 from lakeprop.engine.ownership import SoleOwner
 from lakeprop.engine.scheduler import Scheduler
 from lakeprop.engine.selection import Selected, TriggerSelection
 from lakeprop.engine.watermarks import advance
 from lakeprop.faults import fault_point
-from lakeprop.pipeline.graph import table_of, target_of_consumer
+from lakeprop.pipeline.freshness import Origins
+from lakeprop.pipeline.graph import Table, table_of, target_of_consumer
 from lakeprop.service.handover import DRAIN_WAIT, Handover, HandoverParts
 from lakeprop.service.observer import (
     BatchSummary,
@@ -169,6 +177,8 @@ class Runner:
         """How small tails run natively (:mod:`lakeprop.engine.native`)."""
         self.ownership = parts.ownership
         self.retries: dict[JobRef, Retry] = {}
+        self.origins = Origins()
+        """What each pipeline table's last write reflects (:mod:`lakeprop.pipeline.freshness`)."""
         self.handover = Handover(
             parts.ownership,
             HandoverParts(
@@ -269,6 +279,7 @@ class Runner:
             return 0
         rows = self.catalog.by_id()
         names = {r.job_id: r.job_name for r in rows.values()}
+        self._follow_chains(results)
         records = [r.record(names) for r in results]
         if self.ownership.clustered:
             owner_of = self.ownership.owner_of
@@ -309,14 +320,37 @@ class Runner:
         if dirty is None:
             return
         watched = {table_of(*name): name for name in self.selection.watched}
-        for result in results:
-            for member in result.members:
-                if member.ok and member.consumer_spec:
-                    consumer = json.loads(member.consumer_spec)
-                    options = consumer.get("options") or {}
-                    target = target_of_consumer(member.ref[0], consumer["type"], options)
-                    if target in watched:
-                        dirty.touch(watched[target])
+        for _, member in _written(results):
+            target = _target(member)
+            if target in watched:
+                dirty.touch(watched[target])
+
+    def _follow_chains(self, results: Sequence[IterationResult]) -> None:
+        """Each downstream member's origin, the commit to its chain's first table its
+        write reflects (:mod:`lakeprop.pipeline.freshness`), and the origins the
+        members whose targets others read hand on."""
+        read = {table_of(*name) for name in self.selection.watched}
+        for result, member in _written(results):
+            key = member.ref[0]
+            source, target = table_of(key.database, key.table), _target(member)
+            upstream = self.origins.upstream(source)
+            feeds = target is not None and target in read
+            if upstream is None and not feeds:
+                continue
+            version = result.plan.to_version
+            origin = upstream or self.origins.of(
+                source, functools.partial(self._commit_time, key.database, key.table, version)
+            )
+            member.origin = upstream
+            if feeds and target is not None and origin is not None:
+                self.origins.wrote(target, origin)
+
+    def _commit_time(self, database: str, table: str, version: int) -> float | None:
+        try:
+            return self.tables.probe.commit_time(self.tables.location(database, table), version)
+        except Exception as exc:
+            log.debug("no commit time of %s.%s@%d: %s", database, table, version, exc)
+            return None
 
     # -- 2. the change log --------------------------------------------------------------
 
@@ -509,3 +543,17 @@ def _selection_job_group(spark: SparkSession) -> Iterator[None]:
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+
+
+def _written(results: Sequence[IterationResult]) -> Iterator[tuple[IterationResult, MemberResult]]:
+    """The members that wrote their target, with their iteration."""
+    for result in results:
+        for member in result.members:
+            if member.ok and member.consumer_spec:
+                yield result, member
+
+
+def _target(member: MemberResult) -> Table | None:
+    """The table a member wrote that other jobs may read (None: not a table)."""
+    consumer = json.loads(member.consumer_spec)
+    return target_of_consumer(member.ref[0], consumer["type"], consumer.get("options") or {})

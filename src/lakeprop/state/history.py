@@ -30,6 +30,19 @@ Reached = Mapping[tuple[int, "str | None"], tuple[int, datetime]]
 
 
 @dataclass(frozen=True)
+class RuleCount:
+    """What one of a job's expectations found in one iteration: the rows (a
+    ``unique`` rule: the keys) that broke it."""
+
+    name: str
+    action: str
+    failed: int
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return row_tuple(self)
+
+
+@dataclass(frozen=True)
 class MemberRecord:
     """One job's part in a recorded iteration: an element of ``members``."""
 
@@ -42,6 +55,13 @@ class MemberRecord:
     error_msg: str
     consumer_digest: str | None = None
     """:func:`consumer_digest` of the consumer spec the member ran with."""
+    expectations: list[RuleCount] | None = None
+    """What the job's expectations found (None: it has none)."""
+    origin_table: str | None = None
+    """For a job reading another job's target: its chain's first table, and when the
+    commit to it that this write reflects was made (its end-to-end freshness is
+    from then to ``ended_at``)."""
+    origin_at: datetime | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return row_tuple(self)

@@ -29,6 +29,7 @@ USAGE_TABLE = "usage"
 ACCOUNTS_TABLE = "accounts"
 BULK_OPERATIONS_TABLE = "bulk_operations"
 BULK_TASKS_TABLE = "bulk_tasks"
+EVENTS_TABLE = "events"
 
 
 APPEND_LOG_PROPERTIES = {"delta.checkpointInterval": "100"}

@@ -22,8 +22,10 @@ from pyspark.sql.types import StructType
 from lakeprop.config import TablesConfig
 from lakeprop.errors import ErrorCode, SourceTableError, TemporaryError
 from lakeprop.identifiers import qualified
+from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.tables.conditions import check_condition
 from lakeprop.tables.probe import DeltaLogProbe
 
 CHANGE_FEED_PROPERTY = "delta.enableChangeDataFeed"
@@ -218,7 +220,8 @@ class Tables:
         info = self.describe(key.database, key.table)
         consumer = spec.iteration.consumer
         consumer_type = get_consumer_type(consumer.type)
-        needed = consumer_type.source_columns(consumer.options)
+        rules = expectations.of(consumer.options)
+        needed = consumer_type.source_columns(consumer.options) + expectations.columns(rules)
         present = {c.lower() for c in info.columns}
         missing = [c for c in needed if c.lower() not in present]
         if missing:
@@ -227,7 +230,11 @@ class Tables:
                 f"{consumer.type} consumer; its columns are {list(info.columns)}",
                 ErrorCode.SOURCE_COLUMN_MISSING,
             )
-        consumer_type.check_source(consumer.options, info.schema(), self.spark)
+        schema = info.schema()
+        consumer_type.check_source(consumer.options, schema, self.spark)
+        for rule in rules:
+            if rule.check is not None:
+                check_condition(self.spark, schema, rule.check, f"expectation {rule.name}")
         return info.table_id
 
     def forget(self) -> None:

@@ -1,0 +1,188 @@
+"""Expectations, evaluated: what a member's consumer gets once its rules have run.
+
+The rules (:mod:`lakeprop.pipeline.expectations`) run on the member's rows
+before its consumer sees them, on the Spark path only (a tail of a job with
+rules never goes the native way):
+
+* one Spark job counts, per ``check`` rule, the rows going to the target (a
+  snapshot's rows; a tail's inserts and post-images) that break it, and the
+  rows every ``drop`` rule keeps;
+* a ``unique`` rule reads the source at the range's end, narrowed to the keys
+  the range wrote (a semi-join, bounded by the least and greatest key so that
+  Delta skips the files outside); a snapshot checks the whole table;
+* a broken ``fail`` rule raises :class:`~lakeprop.errors.ExpectationFailed`
+  before anything is written;
+* ``drop`` rules filter every change row, pre-images and deletes included: a
+  row no ``drop`` rule lets in never reached the target, so its leaving must
+  not reach it either, and an update whose new image is dropped leaves its
+  pre-image alone, which the consumers read as the key leaving (the same rule
+  as a key-changing update). The target holds exactly the source's rows that
+  keep every ``drop`` rule.
+
+The dropped rows go to ``<target>__quarantine`` after the consumer's write
+(:func:`quarantine`), each once: a tail's append carries the job's
+transaction id and version, and a range applied again after a crash appends
+only the versions the table has not taken yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from lakeprop.changes.feed import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
+from lakeprop.changes.latest import LEAVES
+from lakeprop.consumers.base import ConsumerContext
+from lakeprop.errors import ExpectationFailed
+from lakeprop.pipeline.expectations import DROP, FAIL, Expectation
+from lakeprop.spec import target_table
+from lakeprop.state.history import RuleCount
+from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import TableHandle
+
+QUARANTINE = "__quarantine"
+"""The suffix of the table next to the target that dropped rows go to."""
+REASON, VERSION = "__reason", "__source_version"
+"""The quarantine's columns beside the source's: the rules a row broke, and the
+source version it came in (its commit's, or the snapshot's)."""
+EXAMPLES = 5
+"""Keys a ``fail`` error names."""
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A member's rows after its rules: what its consumer gets, and what they found."""
+
+    rows: DataFrame
+    counts: tuple[RuleCount, ...]
+    kept: int | None
+    """Rows of ``rows`` when ``drop`` rules filtered them (None: as handed in)."""
+    dropped: DataFrame | None
+    """The dropped rows, as they go to the quarantine (None: none were)."""
+
+
+def guard(
+    rules: Sequence[Expectation],
+    rows: DataFrame,
+    *,
+    source: TableHandle,
+    from_version: int | None,
+    to_version: int,
+    shown_keys: Sequence[str],
+) -> Guarded:
+    """Run ``rules`` on ``rows``: a tail's change rows after ``from_version``, or a
+    snapshot's rows (``from_version`` None) at ``to_version``; raise
+    :class:`ExpectationFailed` when a ``fail`` rule is broken."""
+    snapshot = from_version is None
+    going = F.lit(True) if snapshot else F.col(CHANGE_TYPE).isin(*LEAVES)
+    checks = [r for r in rules if r.check is not None]
+    drops = [r for r in checks if r.action == DROP]
+    holds = {r.name: F.coalesce(F.expr(r.check or ""), F.lit(False)) for r in checks}
+    kept_by_drops = reduce(lambda a, b: a & b, (holds[r.name] for r in drops), F.lit(True))
+    totals: list[Column] = [
+        F.sum(F.when(going & ~holds[r.name], 1).otherwise(0)).alias(f"_{i}")
+        for i, r in enumerate(checks)
+    ]
+    totals.append(F.sum(F.when(kept_by_drops, 1).otherwise(0)).alias("_kept"))
+    found = rows.agg(*totals).collect()[0]
+    counts = [RuleCount(r.name, r.action, int(found[f"_{i}"] or 0)) for i, r in enumerate(checks)]
+    span = _span(source, from_version, to_version)
+    for rule, count in zip(checks, counts, strict=True):
+        if rule.action == FAIL and count.failed:
+            broken = rows.where(going & ~holds[rule.name])
+            _fail(rule, count.failed, span, _examples(broken, shown_keys))
+    for rule in rules:
+        if rule.unique:
+            count = _unique(rule, rows, going, source, snapshot, to_version, span)
+            counts.append(count)
+    if not any(c.failed for c in counts if c.action == DROP):
+        return Guarded(rows, tuple(counts), None, None)
+    reasons = F.concat_ws(
+        ", ", *[F.when(~holds[r.name], F.lit(r.name)) for r in drops]
+    )  # concat_ws skips the NULLs of the rules a row keeps
+    dropped = rows.where(going & ~kept_by_drops).withColumn(REASON, reasons)
+    if snapshot:
+        dropped = dropped.withColumn(VERSION, F.lit(to_version).cast("long"))
+    else:
+        dropped = dropped.withColumn(VERSION, F.col(COMMIT_VERSION).cast("long")).drop(
+            CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP
+        )
+    return Guarded(rows.where(kept_by_drops), tuple(counts), int(found["_kept"] or 0), dropped)
+
+
+def _span(source: TableHandle, from_version: int | None, to_version: int) -> str:
+    if from_version is None:
+        return f"the snapshot of {source} at version {to_version}"
+    return f"versions {from_version + 1}..{to_version} of {source}"
+
+
+def _examples(broken: DataFrame, shown: Sequence[str]) -> list[dict[str, Any]]:
+    columns = list(shown) or [c for c in broken.columns if not c.startswith("_")][:3]
+    return [r.asDict() for r in broken.select(*columns).limit(EXAMPLES).collect()]
+
+
+def _fail(rule: Expectation, count: int, span: str, examples: list[dict[str, Any]]) -> None:
+    what = "key(s)" if rule.unique else "row(s)"
+    raise ExpectationFailed(
+        f"expectation {rule.name} ({rule.rule}) failed on {count} {what} of {span}, e.g. "
+        f"{examples}; nothing of the range was written. Fix the source and resync the job, or "
+        "update the job's expectations"
+    )
+
+
+def _unique(
+    rule: Expectation,
+    rows: DataFrame,
+    going: Column,
+    source: TableHandle,
+    snapshot: bool,
+    to_version: int,
+    span: str,
+) -> RuleCount:
+    """Keys more than one source row holds at ``to_version``: among a snapshot's
+    rows, or among those sharing a key the range wrote."""
+    cols = list(rule.unique)
+    present = F.lit(True)
+    for c in cols:
+        present = present & F.col(c).isNotNull()
+    if snapshot:
+        held = rows.where(present)
+    else:
+        changed = rows.where(going & present).select(*cols).distinct()
+        low_high = changed.agg(F.min(cols[0]).alias("low"), F.max(cols[0]).alias("high"))
+        bounds = low_high.collect()[0]
+        if bounds["low"] is None:
+            return RuleCount(rule.name, rule.action, 0)
+        table = source.load(source.reader().option("versionAsOf", to_version))
+        held = table.where(F.col(cols[0]).between(bounds["low"], bounds["high"])).join(
+            changed, cols, "left_semi"
+        )
+    shared = held.groupBy(*cols).count().where(F.col("count") > 1)
+    keys = shared.count()
+    if keys and rule.action == FAIL:
+        _fail(rule, keys, span, [r.asDict() for r in shared.limit(EXAMPLES).collect()])
+    return RuleCount(rule.name, rule.action, keys)
+
+
+def quarantine(context: ConsumerContext, dropped: DataFrame, snapshot: bool, version: int) -> None:
+    """Append the dropped rows to ``<target>__quarantine``, once (see the module)."""
+    database, table = target_table(context.key, context.options)
+    handle = context.locate(database, f"{table}{QUARANTINE}")
+    app_id = f"{context.txn_app_id}-expect" + (f"-s{version}" if snapshot else "")
+    if not snapshot and handle.exists():
+        taken = DeltaLogProbe(context.spark).last_transaction(handle.location(), app_id)
+        if taken is not None:
+            dropped = dropped.where(F.col(VERSION) > taken)
+    writer = (
+        dropped.write.format("delta")
+        .mode("append")
+        .option("mergeSchema", "true")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(version))
+    )
+    handle.save(writer)

@@ -1,0 +1,152 @@
+"""Expectations as a job's spec carries them, a chain's origins, and the events an
+iteration makes (no Spark)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from lakeprop.engine.model import (
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    Member,
+    MemberResult,
+    TableRef,
+)
+from lakeprop.errors import InvalidConsumerOptionsError
+from lakeprop.pipeline import expectations
+from lakeprop.pipeline.expectations import Expectation
+from lakeprop.pipeline.freshness import Origin, Origins
+from lakeprop.service.events import iteration_events
+from lakeprop.spec import JobKey, JobSpec, merge_spec
+from lakeprop.state.history import RuleCount
+
+
+def replica(**options: Any) -> dict[str, Any]:
+    return {
+        "iteration": {
+            "consumer": {"type": "replica", "options": {"primary_key": ["id"], **options}}
+        }
+    }
+
+
+RULES = [
+    {"name": "amount_known", "check": " amount IS NOT NULL ", "action": "drop"},
+    {"name": "one_per_id", "unique": ["id"], "action": "fail"},
+    {"name": "small", "check": "amount < 100"},
+]
+
+
+def test_rules_are_validated_and_stored_beside_the_consumer_options() -> None:
+    spec = JobSpec.from_json(replica(expectations=RULES))
+    options = spec.iteration.consumer.options
+    assert options["primary_key"] == ["id"]
+    assert options["expectations"] == [
+        {"name": "amount_known", "check": "amount IS NOT NULL", "action": "drop"},
+        {"name": "one_per_id", "unique": ["id"], "action": "fail"},
+        {"name": "small", "check": "amount < 100", "action": "warn"},
+    ]
+    assert expectations.of(options) == (
+        Expectation("amount_known", "drop", check="amount IS NOT NULL"),
+        Expectation("one_per_id", "fail", unique=("id",)),
+        Expectation("small", "warn", check="amount < 100"),
+    )
+    assert expectations.columns(expectations.of(options)) == ["id"]
+
+
+def test_a_job_without_rules_keeps_its_options_and_its_write_identity() -> None:
+    plain = JobSpec.from_json(replica()).iteration.consumer
+    emptied = JobSpec.from_json(replica(expectations=[])).iteration.consumer
+    assert plain == emptied
+    assert "expectations" not in plain.options
+
+
+def test_an_update_replaces_the_rules_and_an_empty_list_removes_them() -> None:
+    current = JobSpec.from_json(replica(expectations=RULES)).to_json()
+    update = {"iteration": {"consumer": {"options": {"expectations": []}}}}
+    merged = JobSpec.from_json(merge_spec(current, update))
+    assert "expectations" not in merged.iteration.consumer.options
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ("amount > 0", "must be a list of rules"),
+        ([{"check": "x > 0"}], "name must be a string"),
+        ([{"name": "1bad", "check": "x > 0"}], "is not a valid identifier"),
+        ([{"name": "a", "check": "x > 0", "action": "stop"}], "action must be one of"),
+        ([{"name": "a"}], "exactly one of check"),
+        ([{"name": "a", "check": "x > 0", "unique": ["x"]}], "exactly one of check"),
+        ([{"name": "a", "check": "  "}], "non-empty SQL text"),
+        ([{"name": "a", "unique": ["x"], "action": "drop"}], "cannot drop"),
+        ([{"name": "a", "unique": []}], "non-empty list of columns"),
+        ([{"name": "a", "unique": ["x", "X"]}], "lists a column twice"),
+        ([{"name": "a", "check": "x > 0", "when": "always"}], "unknown field"),
+        ([{"name": "a", "check": "x > 0"}, {"name": "A", "check": "x < 9"}], "names A twice"),
+    ],
+)
+def test_bad_rules_are_named(rules: object, message: str) -> None:
+    with pytest.raises(InvalidConsumerOptionsError, match=message):
+        JobSpec.from_json(replica(expectations=rules))
+
+
+def test_origins_follow_a_chain_from_its_first_table() -> None:
+    origins = Origins()
+    events, scd1, agg = ("db", "events"), ("db", "scd1"), ("db", "agg")
+    asked: list[int] = []
+
+    def commit_time() -> float:
+        asked.append(1)
+        return 100.0
+
+    first = origins.of(events, commit_time)
+    assert first == Origin(events, 100.0) and first.name == "db.events"
+    origins.wrote(scd1, first)
+    # the next step reflects the first table's commit, without reading a commit of its own
+    assert origins.upstream(scd1) == first
+    assert origins.of(scd1, commit_time) == first and len(asked) == 1
+    origins.wrote(agg, first)
+    origins.wrote(agg, Origin(events, 90.0))  # an older write never wins
+    assert origins.upstream(agg) == first
+    assert origins.upstream(events) is None
+
+
+def test_an_iteration_tells_its_events() -> None:
+    key = JobKey(3, "db", "orders", "clean")
+    table = TableRef(3, "db", "orders")
+    plan = IterationPlan(
+        table=table,
+        kind=IterationKind.TAIL,
+        to_version=6,
+        members=(Member((key, 7), 7, 4),),
+        priority=0,
+        planned_at=time.time(),
+    )
+    result = IterationResult(plan=plan, kind=IterationKind.TAIL, started_at=10.0, ended_at=11.5)
+    result.rows_read = 12
+    member = MemberResult((key, 7), 7, "replica", rows_written=10)
+    member.expectations = [RuleCount("amount_known", "drop", 2), RuleCount("small", "warn", 0)]
+    failed = MemberResult((JobKey(3, "db", "orders", "feed"), 8), 8, "replica")
+    failed.error_code, failed.error_msg = 10702, "expectation one_per_id failed"
+    result.members = [member, failed]
+
+    events = iteration_events(result)
+    assert [(e.kind, e.level, e.job_name) for e in events] == [
+        ("iteration", "ERROR", None),
+        ("expectation", "WARN", "clean"),
+        ("expectation", "INFO", "clean"),
+        ("job_error", "ERROR", "feed"),
+    ]
+    first = events[0]
+    assert first.message.startswith("tail of db.orders versions 5..6: 2 job(s), 12 row(s) read")
+    assert json.loads(first.details or "")["outcome"] == "partial"
+    assert json.loads(events[1].details or "") == {
+        "expectation": "amount_known",
+        "action": "drop",
+        "failed": 2,
+    }
+    assert events[3].error_code == 10702 and events[3].iteration_id == plan.iteration_id
