@@ -67,7 +67,7 @@ def test_a_job_without_rules_keeps_its_options_and_its_write_identity() -> None:
 
 def test_an_update_replaces_the_rules_and_an_empty_list_removes_them() -> None:
     current = JobSpec.from_json(replica(expectations=RULES)).to_json()
-    update = {"iteration": {"consumer": {"options": {"expectations": []}}}}
+    update: dict[str, Any] = {"iteration": {"consumer": {"options": {"expectations": []}}}}
     merged = JobSpec.from_json(merge_spec(current, update))
     assert "expectations" not in merged.iteration.consumer.options
 

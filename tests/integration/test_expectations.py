@@ -1,0 +1,200 @@
+"""Expectations run as a worker runs an iteration: ``drop`` keeps a target to the
+source rows that pass, its quarantine takes each dropped row once (a replay adds
+nothing), ``warn`` and ``unique`` count, and ``fail`` writes nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
+from devkit.harness import SOURCE_SCHEMA, cdf_source, latest_version
+from lakeprop.config import AppConfig
+from lakeprop.engine.iteration import run_iteration
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    Member,
+    MemberJob,
+    TableRef,
+)
+from lakeprop.errors import ErrorCode
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.history import RuleCount
+from lakeprop.tables.resolve import Tables
+
+pytestmark = pytest.mark.integration
+
+TABLE = TableRef(1, "qa", "orders")
+KNOWN = {"name": "amount_known", "check": "amount IS NOT NULL", "action": "drop"}
+SMALL = {"name": "small", "check": "amount < 100", "action": "warn"}
+NAMES = {"name": "one_per_name", "unique": ["name"], "action": "warn"}
+CONSUMERS: dict[str, dict[str, Any]] = {
+    "clean": {
+        "type": "replica",
+        "options": {"primary_key": ["id"], "expectations": [KNOWN, SMALL, NAMES]},
+    },
+    "totals": {
+        "type": "aggregate_view",
+        "options": {
+            "group_by": ["name"],
+            "aggregates": aggregates_of("amount"),
+            "expectations": [KNOWN],
+        },
+    },
+    "strict": {
+        "type": "replica",
+        "options": {
+            "primary_key": ["id"],
+            "expectations": [
+                {"name": "not_negative", "check": "amount >= 0", "action": "fail"},
+                {"name": "one_per_id", "unique": ["id"], "action": "fail"},
+            ],
+        },
+    },
+}
+NUMBERS = {name: n for n, name in enumerate(CONSUMERS, start=1)}
+QUARANTINE_COLUMNS = ["id", "name", "amount", "__reason", "__source_version"]
+
+
+def member(name: str, start: int | None) -> MemberJob:
+    key = JobKey(1, "qa", "orders", name)
+    spec = JobSpec.from_json({"iteration": {"consumer": CONSUMERS[name]}})
+    return MemberJob(Member((key, NUMBERS[name]), NUMBERS[name], start), key, spec)
+
+
+def run(spark: SparkSession, tables: Tables, to: int, jobs: Sequence[MemberJob]) -> IterationResult:
+    kind = IterationKind.SNAPSHOT if jobs[0].member.from_version is None else IterationKind.TAIL
+    plan = IterationPlan(TABLE, kind, to, tuple(j.member for j in jobs), 0, time.time())
+    spark.sparkContext.setJobGroup(plan.iteration_id, "test")  # as a worker does
+    return run_iteration(spark, plan, jobs, tables, CancelToken(), fan_out=2, small_rows=1000)
+
+
+def counts(result: IterationResult, name: str) -> list[RuleCount]:
+    (found,) = [m for m in result.members if m.job_id == NUMBERS[name]]
+    assert found.ok, found.error_msg
+    return list(found.expectations)
+
+
+def target(spark: SparkSession, tables: Tables, name: str) -> DataFrame:
+    return tables.handle("qa", name, spark).delta().toDF()
+
+
+def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "qa", "orders")
+    rows = [(1, "a", 1.0), (2, "b", 2.0), (3, "c", None), (4, "d", 4.0)]
+    spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+    first = latest_version(spark, path)
+    snapshot = run(spark, tables, first, [member("clean", None), member("totals", None)])
+    assert counts(snapshot, "clean") == [
+        RuleCount("amount_known", "drop", 1),
+        RuleCount("small", "warn", 1),
+        RuleCount("one_per_name", "warn", 0),
+    ]
+
+    source = DeltaTable.forPath(spark, path)
+    spark.createDataFrame(
+        [(10, "e", None), (11, "f", 150.0), (12, "a", 12.0)], SOURCE_SCHEMA
+    ).write.format("delta").mode("append").save(path)  # dropped, warned, a shared name
+    source.update(F.col("id") == 1, {"amount": F.lit(None)})  # leaves the target
+    emptied = latest_version(spark, path)
+    source.update(F.col("id") == 3, {"amount": F.lit(3.0)})  # enters it
+    source.delete(F.col("id") == 10)  # a row the target never held
+    second = latest_version(spark, path)
+    tail = run(spark, tables, second, [member("clean", first), member("totals", first)])
+    assert counts(tail, "clean") == [
+        RuleCount("amount_known", "drop", 2),
+        RuleCount("small", "warn", 3),
+        RuleCount("one_per_name", "warn", 1),
+    ]
+
+    def assert_targets() -> None:
+        now = spark.read.format("delta").load(path).where("amount IS NOT NULL")
+        assert_df_equality(
+            target(spark, tables, "orders_clean").select(*now.columns),
+            now,
+            ignore_row_order=True,
+        )
+        columns = ["name", *AGGREGATE_COLUMNS]
+        assert_df_equality(
+            target(spark, tables, "orders_totals").select(*columns),
+            aggregated(now, ["name"], "amount").select(*columns),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+
+    expected = [
+        (3, "c", None, "amount_known", first),
+        (10, "e", None, "amount_known", first + 1),
+        (1, "a", None, "amount_known", emptied),
+    ]
+
+    def assert_quarantine(rows: list[tuple[Any, ...]]) -> None:
+        for job in ("clean", "totals"):
+            held = target(spark, tables, f"orders_{job}__quarantine")
+            assert_df_equality(
+                held.select(*QUARANTINE_COLUMNS),
+                spark.createDataFrame(rows, held.select(*QUARANTINE_COLUMNS).schema),
+                ignore_row_order=True,
+            )
+
+    assert_targets()
+    assert_quarantine(expected)
+
+    # a replay of the same range (a crash before the watermark moved) adds nothing
+    replay = run(spark, tables, second, [member("clean", first), member("totals", first)])
+    assert counts(replay, "clean")[0] == RuleCount("amount_known", "drop", 2)
+    assert_targets()
+    assert_quarantine(expected)
+
+    # nor does a longer one over it: only the new version's rows go in
+    spark.createDataFrame([(13, "g", None)], SOURCE_SCHEMA).write.format("delta").mode(
+        "append"
+    ).save(path)
+    third = latest_version(spark, path)
+    run(spark, tables, third, [member("clean", first), member("totals", first)])
+    assert_targets()
+    assert_quarantine([*expected, (13, "g", None, "amount_known", third)])
+
+
+def test_a_broken_fail_rule_names_it_and_writes_nothing(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "qa", "orders")
+    spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SOURCE_SCHEMA).write.format("delta").mode(
+        "append"
+    ).save(path)
+    first = latest_version(spark, path)
+    run(spark, tables, first, [member("strict", None)])
+    written = tables.handle("qa", "orders_strict", spark)
+    before = written.delta().history(1).collect()[0]["version"]
+    start = first  # the job's watermark: a failure does not move it
+
+    for rows, rule, named in (
+        ([(3, "c", -3.0), (4, "d", 4.0)], "not_negative (amount >= 0)", "{'id': 3}"),
+        ([(1, "again", 5.0)], "one_per_id (unique(id))", "{'id': 1, 'count': 2}"),
+    ):
+        spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+        to = latest_version(spark, path)
+        result = run(spark, tables, to, [member("strict", start)])
+        (failed,) = result.members
+        assert failed.error_code == ErrorCode.EXPECTATION_FAILED
+        assert f"expectation {rule} failed on 1 " in failed.error_msg
+        assert named in failed.error_msg and "nothing of the range was written" in failed.error_msg
+        assert written.delta().history(1).collect()[0]["version"] == before
+        assert not tables.handle("qa", "orders_strict__quarantine", spark).exists()
+        DeltaTable.forPath(spark, path).delete("id >= 3 OR name = 'again'")
+        start = latest_version(spark, path)  # as a resync after the fix would start
