@@ -54,6 +54,8 @@ CHAIN = [
     (TOTALS, spec("aggregate_view", group_by=["name"], aggregates=aggregates_of("amount"))),
     (OUT, spec("replica", primary_key=["name"])),
 ]
+POSITIVE = {"name": "positive", "check": "amount >= 0", "action": "warn"}
+"""A rule of the aggregate view's on Spark (expectations run there only)."""
 
 
 def table(spark: SparkSession, config: AppConfig, name: str) -> DataFrame:
@@ -107,8 +109,17 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
         [(i, f"g{i % 3}", float(i)) for i in range(9)], SOURCE_SCHEMA
     ).write.format("delta").mode("append").save(path)
     client = LakepropClient(config.kafka, config.state, spark, notifications=notifications)
+    chain = CHAIN
+    if path_taken == "spark":
+        totals = spec(
+            "aggregate_view",
+            group_by=["name"],
+            aggregates=aggregates_of("amount"),
+            expectations=[POSITIVE],
+        )
+        chain = [CHAIN[0], (TOTALS, totals), CHAIN[2]]
     with running(spark, config):
-        for key, job in CHAIN:  # each once its upstream's target exists
+        for key, job in chain:  # each once its upstream's target exists
             client.register_job(key, job)
             wait_for_watermark(spark, config, key, source_version(spark, config, key))
         assert_the_last_table_is_the_model(spark, config, path)
@@ -121,9 +132,35 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
             client.notify_commit("p", "events", commit(spark, path, sql))  # the first only
             through_the_chain(spark, config)
             assert_the_last_table_is_the_model(spark, config, path)
+        out = client.get_job_status(OUT)
+        assert out is not None and out.freshness is not None
+        assert out.freshness["origin"] == "p.events" and out.freshness["seconds"] >= 0
     paths = {r["path"] for r in history(spark, config).where("kind = 'tail'").collect()}
     assert paths == ({"native", "spark"} if path_taken == "auto" else {"spark"})
+    if path_taken == "spark":
+        assert_the_events_tell_the_story(spark, config)
     client.close()
+
+
+def assert_the_events_tell_the_story(spark: SparkSession, config: AppConfig) -> None:
+    """The event table holds the verdicts, every iteration, and the rule's counts
+    (written at the stop, for the last ones)."""
+    events = spark.read.format("delta").load(f"{config.state.location}/events")
+    verdicts = events.where("kind = 'verdict'").select("job_name", "message").collect()
+    assert sorted(verdicts) == sorted(
+        (key.job_name, "register applied: registered") for key, _ in CHAIN
+    )
+    runs = history(spark, config).count()
+    assert events.where("kind = 'iteration'").count() == runs
+    counted = events.where("kind = 'expectation'").select("job_name", "details").collect()
+    assert {r["job_name"] for r in counted} == {"totals"}
+    assert all(
+        '"expectation": "positive", "action": "warn", "failed": 0' in r["details"] for r in counted
+    )
+    totals = (
+        history(spark, config).selectExpr("explode(members) AS m").where("m.job_name = 'totals'")
+    )
+    assert len(counted) == totals.count()
 
 
 def test_the_graph_refuses_cycles_and_stranding_drops_and_shows_who_waits(
@@ -142,6 +179,19 @@ def test_the_graph_refuses_cycles_and_stranding_drops_and_shows_who_waits(
             wait_for_watermark(spark, app_config, key, source_version(spark, app_config, key))
         client.register_job(OUT, CHAIN[2][1])
         wait_for_watermark(spark, app_config, OUT, source_version(spark, app_config, OUT))
+
+        unknown = {"name": "odd", "check": "no_such_column > 1"}
+        bad = client.wait_for_outcome(
+            client.register_job(
+                JobKey(1, "p", "events", "odd"),
+                spec("replica", primary_key=["id"], expectations=[unknown]),
+            )
+        )
+        assert (bad["outcome"], bad["error_code"]) == (
+            "rejected",
+            ErrorCode.INVALID_CONSUMER_OPTIONS,
+        )
+        assert "expectation odd 'no_such_column > 1' does not resolve" in bad["detail"]
 
         back = JobKey(1, "p", "events_copy_totals_out", "back")
         cycle = client.wait_for_outcome(
