@@ -25,6 +25,7 @@ import functools  # noqa: E402
 from bench import (  # noqa: E402
     auto_cdc,
     catchup,
+    chain,
     failover,
     fairness,
     fanout,
@@ -69,6 +70,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "pinned": {"tables": 4, "window": 3, "max_rate": 2},
         "object_storage": {"jobs": 50, "ticks": 3, "rows": 200, "repeats": 1},
         "rolling_restart": {"tables": 3, "session": 60},
+        "chain": {"keys": 20, "groups": 3, "preload": 50, "trickle": 5},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -91,6 +93,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "pinned": {"tables": 24, "window": 15, "max_rate": 64},
         "object_storage": {"jobs": 1000, "ticks": 20, "rows": 1000, "repeats": 5},
         "rolling_restart": {"tables": 12, "session": 180},
+        "chain": {"keys": 200, "groups": 10, "preload": 1000, "trickle": 60},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -119,6 +122,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "pinned": {"tables": 48, "window": 20, "max_rate": 128},
         "object_storage": {"jobs": 1000, "ticks": 30, "rows": 1000, "repeats": 9},
         "rolling_restart": {"tables": 24, "session": 180},
+        "chain": {"keys": 2000, "groups": 50, "preload": 100_000, "trickle": 120},
     },
 }
 
@@ -143,6 +147,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "pinned": pinned.run,
     "object_storage": object_storage.run,
     "rolling_restart": rolling.run,
+    "chain": chain.run,
 }
 
 

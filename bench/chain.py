@@ -1,0 +1,470 @@
+"""Chain: events, then an SCD type 1 table, then an aggregate view, then a Kafka feed.
+
+A pipeline of three steps under a trickle of commits, built two ways:
+
+* lakeprop: three jobs, each reading the target of the one before: ``auto_cdc``
+  (SCD type 1) on the event table, ``aggregate_view`` (per ``name``: the rows,
+  the total, the latest sequence) on its target, and ``kafka_changefeed`` on the
+  view. Commit notifications are on and the writer announces its commits to the
+  event table only: the later steps are due because the step before wrote.
+  It runs twice, without expectations and with five on the first job (all
+  kept: their cost, not their effect, is measured);
+* DIY: the same chain as three Structured Streaming queries, each with a
+  ``processingTime`` trigger (``trigger`` seconds): the event table's new rows
+  MERGEd (latest event per key, newer sequence wins) into an SCD type 1 table;
+  that table's change feed re-aggregating the groups it touched into the view;
+  the view's change feed written to a topic by Spark's Kafka sink. Each step
+  waits for its own trigger.
+
+Each commit appends one event, written with delta-rs as a writer outside this
+Spark would. Its **end-to-end latency** is from its commit to the first message
+on the side's topic whose group holds its sequence (the message's timestamp);
+**one step's latency** is from its commit to the SCD type 1 table's commit that
+holds it. The target: end-to-end p50 at most 1.5 x one step's. The driver's CPU
+(the JVM and this process) is measured over each side's trickle.
+
+The check: each side's view equals the aggregate of the latest event per key,
+and the last message of every group on its topic equals the view's row.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from bench.common import Figure, Result, app_config, eventually, percentile, same_rows
+from bench.latency import _commit_time, _diy_visible, _lakeprop_visible
+from bench.many import cpu_seconds, jvm_pid
+from lakeprop.client.api import LakepropClient
+from lakeprop.service.app import PropagationApp
+from lakeprop.spec import JobKey
+
+TITLE = "chain"
+"""The benchmark's name in its results."""
+
+SCHEMA = "id LONG, seq LONG, name STRING, amount DOUBLE"
+AGGREGATES = [
+    {"fn": "count", "as": "n"},
+    {"fn": "sum", "column": "amount", "as": "total"},
+    {"fn": "max", "column": "seq", "as": "last"},
+]
+RULES = [
+    {"name": "id_known", "check": "id IS NOT NULL", "action": "drop"},
+    {"name": "sequenced", "check": "seq > 0", "action": "drop"},
+    {"name": "named", "check": "name IS NOT NULL AND length(name) < 40", "action": "warn"},
+    {"name": "not_negative", "check": "amount >= 0", "action": "warn"},
+    {"name": "bounded", "check": "amount < 1e12", "action": "fail"},
+]
+"""Five rules on the first job, every event keeps them."""
+BOUND_S = 180
+"""How long a side gets to deliver every commit to its topic."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    keys: int
+    groups: int
+    preload: int
+    trickle: int
+    trigger: int
+
+
+@dataclass
+class Measured:
+    e2e_p50: float = float("nan")
+    e2e_p95: float = float("nan")
+    step_p50: float = float("nan")
+    step_p95: float = float("nan")
+    cpu: float = 0.0
+    delivered: bool = False
+    equal: bool = False
+
+
+def _event(n: int, settings: Settings) -> dict[str, Any]:
+    return {
+        "id": n % settings.keys,
+        "seq": settings.preload + n,
+        "name": f"g{n % settings.groups}",
+        "amount": float(n % 97),
+    }
+
+
+def _events_table(spark: SparkSession, path: str, settings: Settings) -> None:
+    schema = spark.createDataFrame([], SCHEMA).schema
+    DeltaTable.create(spark).location(path).addColumns(schema).property(
+        "delta.enableChangeDataFeed", "true"
+    ).execute()
+    spark.createDataFrame(
+        [tuple(_event(n - settings.preload, settings).values()) for n in range(settings.preload)],
+        schema,
+    ).write.format("delta").mode("append").save(path)
+
+
+def _append(path: str, event: dict[str, Any]) -> int:
+    import pyarrow as pa
+    from deltalake import DeltaTable as RsTable
+    from deltalake import write_deltalake
+
+    row = pa.table(
+        {
+            "id": pa.array([event["id"]], pa.int64()),
+            "seq": pa.array([event["seq"]], pa.int64()),
+            "name": pa.array([event["name"]]),
+            "amount": pa.array([event["amount"]]),
+        }
+    )
+    write_deltalake(path, row, mode="append")
+    return int(RsTable(path).version())
+
+
+def _trickle(path: str, settings: Settings, announce: Any = None) -> list[tuple[int, int, str]]:
+    """One event a second: (version, sequence, group) of each commit."""
+    done = []
+    start = time.monotonic()
+    for n in range(settings.trickle):
+        event = _event(n, settings)
+        version = _append(path, event)
+        if announce is not None:
+            announce(version)
+        done.append((version, event["seq"], event["name"]))
+        time.sleep(max(0.0, start + n + 1 - time.monotonic()))
+    return done
+
+
+def _messages(bootstrap_servers: str, topic: str) -> list[tuple[float, dict[str, Any]]]:
+    """Every message on ``topic``: (its timestamp, its row)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"bench-chain-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        ended: set[int] = set()
+        out = []
+        while len(ended) < len(partitions):
+            message = consumer.poll(5.0)
+            if message is None:
+                break
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(message.partition())
+                continue
+            value = json.loads(message.value())
+            out.append((message.timestamp()[1] / 1000.0, value["row"]))
+        return out
+    finally:
+        consumer.close()
+
+
+def _delivered_at(
+    commits: list[tuple[int, int, str]], messages: list[tuple[float, dict[str, Any]]]
+) -> list[float]:
+    """Per commit: when the first message holding its sequence in its group came."""
+    out = []
+    for _, seq, group in commits:
+        seen = [at for at, row in messages if row["name"] == group and row["last"] >= seq]
+        out.append(min(seen, default=float("inf")))
+    return out
+
+
+def _truth(spark: SparkSession, events: str) -> DataFrame:
+    rows = spark.read.format("delta").load(events)
+    latest = rows.withColumn(
+        "_n", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("seq")))
+    ).where("_n = 1")
+    return _aggregated(latest)
+
+
+def _aggregated(rows: DataFrame) -> DataFrame:
+    return rows.groupBy("name").agg(
+        F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total"), F.max("seq").alias("last")
+    )
+
+
+def _feed_matches(view: DataFrame, messages: list[tuple[float, dict[str, Any]]]) -> bool:
+    last: dict[str, dict[str, Any]] = {}
+    for _, row in sorted(messages, key=lambda m: m[0]):
+        last[row["name"]] = row
+    held = {r["name"]: (r["n"], r["total"], r["last"]) for r in view.collect()}
+    return held == {k: (r["n"], r["total"], r["last"]) for k, r in last.items()}
+
+
+def _measured(
+    spark: SparkSession,
+    commits: list[tuple[int, int, str]],
+    events: str,
+    steps: list[tuple[int, float]],
+    messages: list[tuple[float, dict[str, Any]]],
+    out: Measured,
+) -> None:
+    delivered = _delivered_at(commits, messages)
+    e2e = [
+        at - _commit_time(events, version)
+        for (version, _, _), at in zip(commits, delivered, strict=True)
+    ]
+    step = []
+    for version, _, _ in commits:
+        seen = [at for reached, at in steps if reached >= version]
+        step.append(min(seen, default=float("inf")) - _commit_time(events, version))
+    out.e2e_p50, out.e2e_p95 = percentile(e2e, 0.5), percentile(e2e, 0.95)
+    out.step_p50, out.step_p95 = percentile(step, 0.5), percentile(step, 0.95)
+
+
+def _lakeprop(
+    spark: SparkSession, workdir: Path, bootstrap_servers: str, settings: Settings, rules: bool
+) -> Measured:
+    out = Measured()
+    config = app_config(workdir, bootstrap_servers, workers=2)
+    notifications = replace(
+        config.notifications,
+        enabled=True,
+        topic=f"{config.kafka.topic}.commits",
+        sweep_interval=3600.0,
+    )
+    config = replace(config, tick_interval=10.0, notifications=notifications)
+    warehouse = config.tables.warehouse
+    events = f"{warehouse}/db/events"
+    _events_table(spark, events, settings)
+    topic = f"{config.kafka.topic}.feed"
+    cdc: dict[str, Any] = {"keys": ["id"], "sequence_by": "seq", "stored_as_scd_type": 1}
+    if rules:
+        cdc["expectations"] = RULES
+    jobs = [
+        (JobKey(1, "db", "events", "scd1"), "auto_cdc", cdc),
+        (
+            JobKey(1, "db", "events_scd1", "agg"),
+            "aggregate_view",
+            {"group_by": ["name"], "aggregates": AGGREGATES},
+        ),
+        (
+            JobKey(1, "db", "events_scd1_agg", "feed"),
+            "kafka_changefeed",
+            {"topic": topic, "bootstrap_servers": bootstrap_servers, "primary_key": ["name"]},
+        ),
+    ]
+    client = LakepropClient(config.kafka, config.state, spark, notifications=notifications)
+    app = PropagationApp(spark, config)
+    query = app.start()
+    try:
+        for key, kind, options in jobs:  # each once the target it reads exists
+            client.register_job(
+                key, {"iteration": {"consumer": {"type": kind, "options": options}}}
+            )
+            client.wait_for_watermark(
+                key, _latest(spark, f"{warehouse}/db/{key.table}"), timeout=600
+            )
+        pid = jvm_pid(spark)
+        cpu, started = cpu_seconds(pid), time.monotonic()
+        commits = _trickle(events, settings, lambda v: client.notify_commit("db", "events", v))
+
+        def delivered() -> bool:
+            return bool(
+                _delivered_at(commits[-1:], _messages(bootstrap_servers, topic))[0] < float("inf")
+            )
+
+        out.delivered = eventually(delivered, BOUND_S)
+        out.cpu = (cpu_seconds(pid) - cpu) / (time.monotonic() - started)
+    finally:
+        app.stop_query(query)
+        app.shutdown()
+        client.close()
+    messages = _messages(bootstrap_servers, topic)
+    _measured(
+        spark, commits, events, _lakeprop_visible(f"{warehouse}/db/events_scd1"), messages, out
+    )
+    view = (
+        spark.read.format("delta")
+        .load(f"{warehouse}/db/events_scd1_agg")
+        .select("name", "n", "total", "last")
+    )
+    out.equal = same_rows(view, _truth(spark, events)) and _feed_matches(view, messages)
+    return out
+
+
+def _latest(spark: SparkSession, path: str) -> int:
+    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+
+
+def _diy(
+    spark: SparkSession, workdir: Path, bootstrap_servers: str, settings: Settings
+) -> Measured:
+    out = Measured()
+    events, scd1, view = (str(workdir / "diy" / name) for name in ("events", "scd1", "agg"))
+    _events_table(spark, events, settings)
+    initial = spark.read.format("delta").load(events)
+    latest = (
+        initial.withColumn(
+            "_n", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("seq")))
+        )
+        .where("_n = 1")
+        .drop("_n")
+    )
+    latest.write.format("delta").option("delta.enableChangeDataFeed", "true").save(scd1)
+    _aggregated(latest).write.format("delta").option("delta.enableChangeDataFeed", "true").save(
+        view
+    )
+    topic = f"bench-diy-{uuid.uuid4().hex[:8]}"
+    checkpoints = workdir / "diy" / "checkpoints"
+    trigger = f"{settings.trigger} seconds"
+    merged: list[tuple[int, float]] = []
+
+    def upsert(batch: DataFrame, batch_id: int) -> None:
+        newest = (
+            batch.withColumn(
+                "_n", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("seq")))
+            )
+            .where("_n = 1")
+            .drop("_n")
+        )
+        (
+            DeltaTable.forPath(batch.sparkSession, scd1)
+            .alias("t")
+            .merge(newest.alias("s"), "t.id = s.id")
+            .whenMatchedUpdateAll(condition="s.seq > t.seq")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+        merged.append((batch_id, time.time()))
+
+    def reaggregate(batch: DataFrame, batch_id: int) -> None:
+        session = batch.sparkSession
+        groups = batch.select("name").distinct()
+        fresh = _aggregated(
+            session.read.format("delta").load(scd1).join(groups, "name", "left_semi")
+        )
+        (
+            DeltaTable.forPath(session, view)
+            .alias("t")
+            .merge(fresh.alias("s"), "t.name = s.name")
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+
+    queries = [
+        spark.readStream.format("delta")
+        .option("startingVersion", "latest")
+        .load(events)
+        .writeStream.option("checkpointLocation", str(checkpoints / "scd1"))
+        .foreachBatch(upsert)
+        .trigger(processingTime=trigger)
+        .start(),
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", "latest")
+        .load(scd1)
+        .writeStream.option("checkpointLocation", str(checkpoints / "agg"))
+        .foreachBatch(reaggregate)
+        .trigger(processingTime=trigger)
+        .start(),
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", "latest")
+        .load(view)
+        .where(F.col("_change_type").isin("insert", "update_postimage"))
+        .select(
+            F.to_json(F.struct("name")).alias("key"),
+            F.to_json(F.struct(F.struct("name", "n", "total", "last").alias("row"))).alias("value"),
+        )
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("topic", topic)
+        .option("checkpointLocation", str(checkpoints / "feed"))
+        .trigger(processingTime=trigger)
+        .start(),
+    ]
+    try:
+        eventually(lambda: all(q.lastProgress is not None for q in queries), 300)
+        pid = jvm_pid(spark)
+        cpu, started = cpu_seconds(pid), time.monotonic()
+        commits = _trickle(events, settings)
+
+        def delivered() -> bool:
+            return bool(
+                _delivered_at(commits[-1:], _messages(bootstrap_servers, topic))[0] < float("inf")
+            )
+
+        out.delivered = eventually(delivered, BOUND_S)
+        out.cpu = (cpu_seconds(pid) - cpu) / (time.monotonic() - started)
+    finally:
+        for query in queries:
+            query.stop()
+    messages = _messages(bootstrap_servers, topic)
+    _measured(spark, commits, events, _diy_visible(checkpoints / "scd1", merged), messages, out)
+    held = spark.read.format("delta").load(view).select("name", "n", "total", "last")
+    out.equal = same_rows(held, _truth(spark, events)) and _feed_matches(held, messages)
+    return out
+
+
+def run(
+    spark: SparkSession,
+    workdir: Path,
+    bootstrap_servers: str,
+    keys: int = 200,
+    groups: int = 10,
+    preload: int = 1000,
+    trickle: int = 60,
+    trigger: int = 1,
+) -> Result:
+    settings = Settings(keys, groups, preload, trickle, trigger)
+    plain = _lakeprop(spark, workdir / "plain", bootstrap_servers, settings, rules=False)
+    ruled = _lakeprop(spark, workdir / "ruled", bootstrap_servers, settings, rules=True)
+    theirs = _diy(spark, workdir, bootstrap_servers, settings)
+    return Result(
+        TITLE,
+        {
+            "keys": keys,
+            "groups": groups,
+            "preload": preload,
+            "trickle_s": trickle,
+            "trigger_s": trigger,
+        },
+        [
+            Figure("end-to-end p50", "s", plain.e2e_p50, theirs.e2e_p50),
+            Figure("end-to-end p95", "s", plain.e2e_p95, theirs.e2e_p95),
+            Figure("first step p50", "s", plain.step_p50, theirs.step_p50),
+            Figure("first step p95", "s", plain.step_p95, theirs.step_p95),
+            Figure(
+                "end-to-end p50 / first step p50",
+                "ratio",
+                plain.e2e_p50 / plain.step_p50,
+                theirs.e2e_p50 / theirs.step_p50,
+            ),
+            Figure("driver CPU over the trickle", "cores", plain.cpu, theirs.cpu),
+            Figure(
+                "end-to-end p50, five expectations (baseline: none)",
+                "s",
+                ruled.e2e_p50,
+                plain.e2e_p50,
+            ),
+            Figure(
+                "end-to-end p95, five expectations (baseline: none)",
+                "s",
+                ruled.e2e_p95,
+                plain.e2e_p95,
+            ),
+            Figure("driver CPU, five expectations (baseline: none)", "cores", ruled.cpu, plain.cpu),
+        ],
+        {
+            "lakeprop_view_and_feed_equal": plain.equal,
+            "lakeprop_with_expectations_equal": ruled.equal,
+            "diy_view_and_feed_equal": theirs.equal,
+            "every_commit_delivered": plain.delivered and ruled.delivered and theirs.delivered,
+        },
+        baseline=f"3 DIY streaming queries, {trigger} s trigger each",
+    )
