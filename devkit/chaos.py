@@ -25,7 +25,9 @@ two ways:
 Meanwhile a seeded workload runs: jobs of six consumer types and three
 trigger kinds are registered, updated, paused, resynced, unregistered and
 registered again through the change log, bulk resyncs go over a table's
-jobs, and rows are inserted, updated and deleted in two source tables. After
+jobs, and rows are inserted, updated and deleted in two source tables. One
+job reads another's target (a replica's), a two-step pipeline, and is checked
+against that target like any job against its source. After
 the last cycle the service runs once more, unharmed, until every live job has
 caught up and every bulk operation has ended. Then the harness checks:
 
@@ -95,6 +97,8 @@ log = logging.getLogger("chaos")
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING, emb ARRAY<FLOAT>"
 TABLES = ("orders", "notes")
+CHAIN_SOURCE = "orders_repl_base"
+"""The target of the replica of ``orders``, which a base job reads: a two-step chain."""
 WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", "kafka"]
 TOKENIZER = Tokenizer()
 
@@ -397,6 +401,10 @@ gc_retention = "4s"
                 builder = builder.property("delta.enableDeletionVectors", "true")
             builder.execute()
             self.commit(table, "insert")
+        # the replica's target, empty until its snapshot: a job reads it from the start
+        DeltaTable.create(self.spark).location(self.table_path(CHAIN_SOURCE)).addColumns(
+            self.spark.createDataFrame([], SCHEMA).schema
+        ).property("delta.enableChangeDataFeed", "true").execute()
 
     # -- the service ----------------------------------------------------------------------
 
@@ -679,6 +687,12 @@ gc_retention = "4s"
                 )
         # and one greedy replica, alone in its iterations: small tails on the native path
         self.register(JobKey(1, "chaos", "orders", "greedy_base"), "replica", {"kind": "greedy"})
+        # a two-step chain: an aggregate view of the replica's target
+        self.register(
+            JobKey(1, "chaos", CHAIN_SOURCE, "aggr_chain_base"),
+            "aggregate_view",
+            {"kind": "default"},
+        )
 
     def run_plan(self, config: Path, plan: list[str | None]) -> Report:
         self.rng.shuffle(plan)
