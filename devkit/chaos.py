@@ -1111,7 +1111,7 @@ gc_retention = "4s"
             ]
         except Exception:
             return False
-        latest = {t: self.version(t) for t in TABLES}
+        latest = {t: self.version(t) for t in (*TABLES, CHAIN_SOURCE)}
         return (
             requests >= len(self.receipts)
             and len(bulks) == len(self.bulks)

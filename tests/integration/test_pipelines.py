@@ -31,6 +31,7 @@ from devkit.harness import (
 from devkit.waiting import assert_eventually
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
+from lakeprop.client.notebook import Notebook
 from lakeprop.config import AppConfig
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
@@ -138,14 +139,18 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
     paths = {r["path"] for r in history(spark, config).where("kind = 'tail'").collect()}
     assert paths == ({"native", "spark"} if path_taken == "auto" else {"spark"})
     if path_taken == "spark":
-        assert_the_events_tell_the_story(spark, config)
+        assert_the_events_tell_the_story(spark, config, client)
     client.close()
 
 
-def assert_the_events_tell_the_story(spark: SparkSession, config: AppConfig) -> None:
+def assert_the_events_tell_the_story(
+    spark: SparkSession, config: AppConfig, client: LakepropClient
+) -> None:
     """The event table holds the verdicts, every iteration, and the rule's counts
-    (written at the stop, for the last ones)."""
+    (written at the stop, for the last ones); a notebook reads it."""
     events = spark.read.format("delta").load(f"{config.state.location}/events")
+    frame = Notebook(spark, config, client).events("verdict")
+    assert list(frame["job_name"]) == [key.job_name for key, _ in CHAIN]
     verdicts = events.where("kind = 'verdict'").select("job_name", "message").collect()
     assert sorted(verdicts) == sorted(
         (key.job_name, "register applied: registered") for key, _ in CHAIN

@@ -28,7 +28,7 @@ from lakeprop.config import AppConfig, load_config
 from lakeprop.errors import InvalidConfigError, LakepropError
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
-from lakeprop.state.store import HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
+from lakeprop.state.store import EVENTS_TABLE, HISTORY_TABLE, REJECTS_TABLE, REQUESTS_TABLE
 
 LOCAL_CONFIG = Path("conf") / "local.toml"
 
@@ -112,6 +112,15 @@ class Notebook:
     def rejects(self) -> pd.DataFrame:
         """The rejected change log messages with their reasons, oldest first."""
         return self._by_log_time(self._table(REJECTS_TABLE).drop("payload"))
+
+    def events(self, kind: str | None = None) -> pd.DataFrame:
+        """The event table (iterations, job errors, expectation counts, verdicts),
+        oldest first; ``kind`` keeps one kind."""
+        events = self._table(EVENTS_TABLE)
+        if kind is not None:
+            events = events.where(F.col("kind") == kind)
+        frame = pd.DataFrame([r.asDict() for r in events.collect()], columns=events.columns)
+        return frame.sort_values("at", ignore_index=True)
 
     @staticmethod
     def _by_log_time(df: Any) -> pd.DataFrame:
