@@ -61,7 +61,7 @@ class Guarded:
     rows: DataFrame
     counts: tuple[RuleCount, ...]
     kept: int | None
-    """Rows of ``rows`` when ``drop`` rules filtered them (None: as handed in)."""
+    """Rows of ``rows`` when ``drop`` rules filtered some out (None: none)."""
     dropped: DataFrame | None
     """The dropped rows, as they go to the quarantine (None: none were)."""
 
@@ -89,6 +89,11 @@ def guard(
         for i, r in enumerate(checks)
     ]
     totals.append(F.sum(F.when(kept_by_drops, 1).otherwise(0)).alias("_kept"))
+    totals.append(F.count(F.lit(1)).alias("_all"))
+    uniques = [r for r in rules if r.unique]
+    for j, rule in enumerate(uniques):  # the range of the keys written, in the same pass
+        written = F.when(going & _present(rule.unique), F.col(rule.unique[0]))
+        totals += [F.min(written).alias(f"_low{j}"), F.max(written).alias(f"_high{j}")]
     found = rows.agg(*totals).collect()[0]
     counts = [RuleCount(r.name, r.action, int(found[f"_{i}"] or 0)) for i, r in enumerate(checks)]
     span = _span(source, from_version, to_version)
@@ -96,12 +101,14 @@ def guard(
         if rule.action == FAIL and count.failed:
             broken = rows.where(going & ~holds[rule.name])
             _fail(rule, count.failed, span, _examples(broken, shown_keys))
-    for rule in rules:
-        if rule.unique:
-            count = _unique(rule, rows, going, source, snapshot, to_version, span)
-            counts.append(count)
-    if not any(c.failed for c in counts if c.action == DROP):
+    for j, rule in enumerate(uniques):
+        bounds = (found[f"_low{j}"], found[f"_high{j}"])
+        counts.append(_unique(rule, rows, going, source, snapshot, to_version, bounds, span))
+    kept = int(found["_kept"] or 0)
+    if kept == int(found["_all"] or 0):
         return Guarded(rows, tuple(counts), None, None)
+    if not any(c.failed for c in counts if c.action == DROP):  # a dropped row's leaving only
+        return Guarded(rows.where(kept_by_drops), tuple(counts), kept, None)
     reasons = F.concat_ws(
         ", ", *[F.when(~holds[r.name], F.lit(r.name)) for r in drops]
     )  # concat_ws skips the NULLs of the rules a row keeps
@@ -112,7 +119,12 @@ def guard(
         dropped = dropped.withColumn(VERSION, F.col(COMMIT_VERSION).cast("long")).drop(
             CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP
         )
-    return Guarded(rows.where(kept_by_drops), tuple(counts), int(found["_kept"] or 0), dropped)
+    return Guarded(rows.where(kept_by_drops), tuple(counts), kept, dropped)
+
+
+def _present(columns: Sequence[str]) -> Column:
+    """Every one of ``columns`` is set (a key with a NULL in it is no key)."""
+    return reduce(lambda a, b: a & b, (F.col(c).isNotNull() for c in columns))
 
 
 def _span(source: TableHandle, from_version: int | None, to_version: int) -> str:
@@ -142,26 +154,23 @@ def _unique(
     source: TableHandle,
     snapshot: bool,
     to_version: int,
+    bounds: tuple[Any, Any],
     span: str,
 ) -> RuleCount:
     """Keys more than one source row holds at ``to_version``: among a snapshot's
-    rows, or among those sharing a key the range wrote."""
+    rows, or among those sharing a key the range wrote (``bounds``: the least and
+    greatest first column of those keys; None when it wrote none)."""
     cols = list(rule.unique)
-    present = F.lit(True)
-    for c in cols:
-        present = present & F.col(c).isNotNull()
+    present = _present(cols)
     if snapshot:
         held = rows.where(present)
     else:
-        changed = rows.where(going & present).select(*cols).distinct()
-        low_high = changed.agg(F.min(cols[0]).alias("low"), F.max(cols[0]).alias("high"))
-        bounds = low_high.collect()[0]
-        if bounds["low"] is None:
+        low, high = bounds
+        if low is None:
             return RuleCount(rule.name, rule.action, 0)
+        changed = rows.where(going & present).select(*cols).distinct()
         table = source.load(source.reader().option("versionAsOf", to_version))
-        held = table.where(F.col(cols[0]).between(bounds["low"], bounds["high"])).join(
-            changed, cols, "left_semi"
-        )
+        held = table.where(F.col(cols[0]).between(low, high)).join(changed, cols, "left_semi")
     shared = held.groupBy(*cols).count().where(F.col("count") > 1)
     keys = shared.count()
     if keys and rule.action == FAIL:

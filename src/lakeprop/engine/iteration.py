@@ -220,13 +220,14 @@ def _consume(
             shown_keys=shown,
         )
         counts.extend(found.counts)
-        if found.dropped is None:
+        if found.kept is None:
             return apply(consumer, rows)
         # the consumer gets the kept rows alone: their count, and no last changes
         # held for the other members (those are of every row)
         kept = replace(context, change_rows=found.kept, held_latest=None)
         written = apply(get_consumer_type(context.consumer_type).factory(kept), found.rows)
-        expect.quarantine(context, found.dropped, start is None, plan.to_version)
+        if found.dropped is not None:
+            expect.quarantine(context, found.dropped, start is None, plan.to_version)
         return written
 
     member = run_member(job, context, token, guarded, where)
