@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
 from bench import (  # noqa: E402
     auto_cdc,
     catchup,
+    chain,
     failover,
     fairness,
     fanout,
@@ -66,6 +67,7 @@ SECTIONS = (
     (scale_out.TITLE, scale_out),
     (pinned.TITLE, pinned),
     (object_storage.TITLE, object_storage),
+    (chain.TITLE, chain),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""
 
@@ -114,6 +116,8 @@ TARGETS = {
     ("rolling restart", "commit to its iteration's start, max"): "≤ a tick + the longest restart",
     ("scale-out", "catalog write conflicts, all instances"): "0",
     ("scale-out, pinned", "rate kept up with, two instances over one"): "≥ 1.8",
+    ("chain", "end-to-end p50 / first step p50"): "≤ 1.5",
+    ("chain", "end-to-end p50, five expectations (baseline: none)"): "≤ 1.1 x none",
 }
 """Targets the project set itself, shown beside the figures they apply to."""
 

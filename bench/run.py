@@ -70,7 +70,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "pinned": {"tables": 4, "window": 3, "max_rate": 2},
         "object_storage": {"jobs": 50, "ticks": 3, "rows": 200, "repeats": 1},
         "rolling_restart": {"tables": 3, "session": 60},
-        "chain": {"keys": 20, "groups": 3, "preload": 50, "trickle": 5},
+        "chain": {"keys": 20, "groups": 3, "preload": 50, "trickle": 3},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
