@@ -508,7 +508,7 @@ class PropagationApp:
                     lambda: self.runner.housekeeping.publish_accounts(self.runner.clock()),
                 )
         if self.events is not None:
-            self.events.flush()
+            self.events.close()
         if self.seat is not None:
             self.ownership.stop()
             self.seat.stop()  # leave the group: the others take the slots over now

@@ -3,9 +3,11 @@
 An observer of the runner (:class:`~lakeprop.service.observer.RunnerObserver`):
 each finished iteration, job error, expectation count and verdict becomes an
 :class:`~lakeprop.state.events.EventRecord` in memory, and the rows go to the
-table in one append every ``flush_interval`` seconds (at the end of the first
-micro-batch after it) and at a stop, so that a busy service pays one small
-commit every few seconds, not one a micro-batch.
+table in one append every ``flush_interval`` seconds and at a stop, so that a
+busy service pays one small commit every few seconds, not one a micro-batch.
+The append runs on a thread of its own (started by the first micro-batch after
+the interval), so that a large one (a bulk of registrations makes one verdict
+each) never holds a micro-batch up.
 """
 
 from __future__ import annotations
@@ -54,12 +56,18 @@ class EventLog:
         self._pending: list[EventRecord] = []
         self._lock = threading.Lock()
         self._flushed_at = self.clock()
+        self._flushing: threading.Thread | None = None
 
     # -- the observer -------------------------------------------------------------------
 
     def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
-        if self.clock() - self._flushed_at >= self.flush_interval:
-            self.flush()
+        if self.clock() - self._flushed_at < self.flush_interval:
+            return
+        if self._flushing is not None and self._flushing.is_alive():
+            return  # the last append still runs: the rows wait for the next one
+        self._flushed_at = self.clock()
+        self._flushing = threading.Thread(target=self.flush, name="lakeprop-events", daemon=True)
+        self._flushing.start()
 
     def results(self, results: Sequence[IterationResult]) -> None:
         self._add([event for result in results for event in iteration_events(result)])
@@ -77,6 +85,12 @@ class EventLog:
             events = [_owned(e, self.instance) for e in events]
         with self._lock:
             self._pending += events
+
+    def close(self) -> int:
+        """At a stop: wait for an append under way, then append the rest."""
+        if self._flushing is not None:
+            self._flushing.join()
+        return self.flush()
 
     def flush(self) -> int:
         """Append what is pending; the rows appended. A failed append keeps them for
