@@ -30,6 +30,7 @@ and the last message of every group on its topic equals the view's row.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -186,6 +187,11 @@ def _delivered_at(
     return out
 
 
+def _delivered(commit: tuple[int, int, str], bootstrap_servers: str, topic: str) -> bool:
+    """Whether ``commit`` has reached the topic."""
+    return _delivered_at([commit], _messages(bootstrap_servers, topic))[0] < float("inf")
+
+
 def _truth(spark: SparkSession, events: str) -> DataFrame:
     rows = spark.read.format("delta").load(events)
     latest = rows.withColumn(
@@ -275,13 +281,9 @@ def _lakeprop(
         pid = jvm_pid(spark)
         cpu, started = cpu_seconds(pid), time.monotonic()
         commits = _trickle(events, settings, lambda v: client.notify_commit("db", "events", v))
-
-        def delivered() -> bool:
-            return bool(
-                _delivered_at(commits[-1:], _messages(bootstrap_servers, topic))[0] < float("inf")
-            )
-
-        out.delivered = eventually(delivered, BOUND_S)
+        out.delivered = eventually(
+            functools.partial(_delivered, commits[-1], bootstrap_servers, topic), BOUND_S
+        )
         out.cpu = (cpu_seconds(pid) - cpu) / (time.monotonic() - started)
     finally:
         app.stop_query(query)
@@ -397,13 +399,9 @@ def _diy(
         pid = jvm_pid(spark)
         cpu, started = cpu_seconds(pid), time.monotonic()
         commits = _trickle(events, settings)
-
-        def delivered() -> bool:
-            return bool(
-                _delivered_at(commits[-1:], _messages(bootstrap_servers, topic))[0] < float("inf")
-            )
-
-        out.delivered = eventually(delivered, BOUND_S)
+        out.delivered = eventually(
+            functools.partial(_delivered, commits[-1], bootstrap_servers, topic), BOUND_S
+        )
         out.cpu = (cpu_seconds(pid) - cpu) / (time.monotonic() - started)
     finally:
         for query in queries:

@@ -4,7 +4,6 @@ nothing), ``warn`` and ``unique`` count, and ``fail`` writes nothing."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,17 +15,9 @@ from pyspark.sql import functions as F
 
 from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 from devkit.harness import SOURCE_SCHEMA, cdf_source, latest_version
+from devkit.iterations import iterate
 from lakeprop.config import AppConfig
-from lakeprop.engine.iteration import run_iteration
-from lakeprop.engine.model import (
-    CancelToken,
-    IterationKind,
-    IterationPlan,
-    IterationResult,
-    Member,
-    MemberJob,
-    TableRef,
-)
+from lakeprop.engine.model import IterationKind, IterationResult
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.history import RuleCount
@@ -34,7 +25,6 @@ from lakeprop.tables.resolve import Tables
 
 pytestmark = pytest.mark.integration
 
-TABLE = TableRef(1, "qa", "orders")
 KNOWN = {"name": "amount_known", "check": "amount IS NOT NULL", "action": "drop"}
 SMALL = {"name": "small", "check": "amount < 100", "action": "warn"}
 NAMES = {"name": "one_per_name", "unique": ["name"], "action": "warn"}
@@ -66,17 +56,20 @@ NUMBERS = {name: n for n, name in enumerate(CONSUMERS, start=1)}
 QUARANTINE_COLUMNS = ["id", "name", "amount", "__reason", "__source_version"]
 
 
-def member(name: str, start: int | None) -> MemberJob:
-    key = JobKey(1, "qa", "orders", name)
-    spec = JobSpec.from_json({"iteration": {"consumer": CONSUMERS[name]}})
-    return MemberJob(Member((key, NUMBERS[name]), NUMBERS[name], start), key, spec)
-
-
-def run(spark: SparkSession, tables: Tables, to: int, jobs: Sequence[MemberJob]) -> IterationResult:
-    kind = IterationKind.SNAPSHOT if jobs[0].member.from_version is None else IterationKind.TAIL
-    plan = IterationPlan(TABLE, kind, to, tuple(j.member for j in jobs), 0, time.time())
-    spark.sparkContext.setJobGroup(plan.iteration_id, "test")  # as a worker does
-    return run_iteration(spark, plan, jobs, tables, CancelToken(), fan_out=2, small_rows=1000)
+def run(
+    spark: SparkSession, tables: Tables, to: int, names: Sequence[str], start: int | None
+) -> IterationResult:
+    """One iteration of the named jobs: a snapshot, or a tail from ``start``."""
+    jobs = [
+        (
+            JobKey(1, "qa", "orders", name),
+            NUMBERS[name],
+            JobSpec.from_json({"iteration": {"consumer": CONSUMERS[name]}}),
+        )
+        for name in names
+    ]
+    kind = IterationKind.SNAPSHOT if start is None else IterationKind.TAIL
+    return iterate(spark, tables, jobs, kind, start, to, small_rows=1000)
 
 
 def counts(result: IterationResult, name: str) -> list[RuleCount]:
@@ -97,7 +90,7 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
     rows = [(1, "a", 1.0), (2, "b", 2.0), (3, "c", None), (4, "d", 4.0)]
     spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
     first = latest_version(spark, path)
-    snapshot = run(spark, tables, first, [member("clean", None), member("totals", None)])
+    snapshot = run(spark, tables, first, ["clean", "totals"], None)
     assert counts(snapshot, "clean") == [
         RuleCount("amount_known", "drop", 1),
         RuleCount("small", "warn", 1),
@@ -113,7 +106,7 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
     source.update(F.col("id") == 3, {"amount": F.lit(3.0)})  # enters it
     source.delete(F.col("id") == 10)  # a row the target never held
     second = latest_version(spark, path)
-    tail = run(spark, tables, second, [member("clean", first), member("totals", first)])
+    tail = run(spark, tables, second, ["clean", "totals"], first)
     assert counts(tail, "clean") == [
         RuleCount("amount_known", "drop", 2),
         RuleCount("small", "warn", 3),
@@ -154,7 +147,7 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
     assert_quarantine(expected)
 
     # a replay of the same range (a crash before the watermark moved) adds nothing
-    replay = run(spark, tables, second, [member("clean", first), member("totals", first)])
+    replay = run(spark, tables, second, ["clean", "totals"], first)
     assert counts(replay, "clean")[0] == RuleCount("amount_known", "drop", 2)
     assert_targets()
     assert_quarantine(expected)
@@ -164,7 +157,7 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
         "append"
     ).save(path)
     third = latest_version(spark, path)
-    run(spark, tables, third, [member("clean", first), member("totals", first)])
+    run(spark, tables, third, ["clean", "totals"], first)
     assert_targets()
     assert_quarantine([*expected, (13, "g", None, "amount_known", third)])
 
@@ -172,7 +165,7 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
     # must not be taken away from the view
     source.delete(F.col("id") == 13)
     fourth = latest_version(spark, path)
-    last = run(spark, tables, fourth, [member("clean", third), member("totals", third)])
+    last = run(spark, tables, fourth, ["clean", "totals"], third)
     assert counts(last, "totals") == [RuleCount("amount_known", "drop", 0)]
     assert_targets()
     assert_quarantine([*expected, (13, "g", None, "amount_known", third)])
@@ -187,7 +180,7 @@ def test_a_broken_fail_rule_names_it_and_writes_nothing(
         "append"
     ).save(path)
     first = latest_version(spark, path)
-    run(spark, tables, first, [member("strict", None)])
+    run(spark, tables, first, ["strict"], None)
     written = tables.handle("qa", "orders_strict", spark)
     before = written.delta().history(1).collect()[0]["version"]
     start = first  # the job's watermark: a failure does not move it
@@ -198,7 +191,7 @@ def test_a_broken_fail_rule_names_it_and_writes_nothing(
     ):
         spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
         to = latest_version(spark, path)
-        result = run(spark, tables, to, [member("strict", start)])
+        result = run(spark, tables, to, ["strict"], start)
         (failed,) = result.members
         assert failed.error_code == ErrorCode.EXPECTATION_FAILED
         assert f"expectation {rule} failed on 1 " in failed.error_msg
