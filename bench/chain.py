@@ -192,12 +192,14 @@ def _delivered(commit: tuple[int, int, str], bootstrap_servers: str, topic: str)
     return _delivered_at([commit], _messages(bootstrap_servers, topic))[0] < float("inf")
 
 
+def _newest(events: DataFrame) -> DataFrame:
+    """The event of each key with the highest sequence: an SCD type 1 table's rows."""
+    order = Window.partitionBy("id").orderBy(F.desc("seq"))
+    return events.withColumn("_n", F.row_number().over(order)).where("_n = 1").drop("_n")
+
+
 def _truth(spark: SparkSession, events: str) -> DataFrame:
-    rows = spark.read.format("delta").load(events)
-    latest = rows.withColumn(
-        "_n", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("seq")))
-    ).where("_n = 1")
-    return _aggregated(latest)
+    return _aggregated(_newest(spark.read.format("delta").load(events)))
 
 
 def _aggregated(rows: DataFrame) -> DataFrame:
@@ -312,14 +314,7 @@ def _diy(
     out = Measured()
     events, scd1, view = (str(workdir / "diy" / name) for name in ("events", "scd1", "agg"))
     _events_table(spark, events, settings)
-    initial = spark.read.format("delta").load(events)
-    latest = (
-        initial.withColumn(
-            "_n", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("seq")))
-        )
-        .where("_n = 1")
-        .drop("_n")
-    )
+    latest = _newest(spark.read.format("delta").load(events))
     latest.write.format("delta").option("delta.enableChangeDataFeed", "true").save(scd1)
     _aggregated(latest).write.format("delta").option("delta.enableChangeDataFeed", "true").save(
         view
@@ -330,13 +325,7 @@ def _diy(
     merged: list[tuple[int, float]] = []
 
     def upsert(batch: DataFrame, batch_id: int) -> None:
-        newest = (
-            batch.withColumn(
-                "_n", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("seq")))
-            )
-            .where("_n = 1")
-            .drop("_n")
-        )
+        newest = _newest(batch)
         (
             DeltaTable.forPath(batch.sparkSession, scd1)
             .alias("t")
