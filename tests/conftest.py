@@ -6,6 +6,7 @@ share the session and the broker without seeing each other's data.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,26 +16,36 @@ import pytest
 from pyspark.sql import SparkSession
 
 from devkit.s3 import S3_AS_S3A_WITHOUT_LOG_STORE, LocalS3, with_hadoop_conf
-from devkit.spark import local_session
+from devkit.spark import TEST_JAVA_OPTIONS, local_session
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
 from lakeprop.dev.localkafka import LocalKafka
 
 T = TypeVar("T")
 
+pytest_plugins = ["devkit.timing"]
+
+# What every process a test starts inherits. Service processes (``spark-submit.sh``)
+# skip the set-up: the test command has run it, and two of them must never install
+# beside each other. Every JVM compiles quickly (``TEST_JAVA_OPTIONS``).
+os.environ.setdefault("LAKEPROP_SET_UP", "1")
+os.environ.setdefault("JDK_JAVA_OPTIONS", " ".join(TEST_JAVA_OPTIONS))
+
 _RUN_ORDER = ("unit", "integration", "chaos")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Unit tests first (a second, and no JVM), the chaos test last: it then finds
-    the session's JVM compiled by the tests before it instead of compiling it while
-    it starts its killed services' JVMs beside, and every other test has had its
-    say before its five minutes."""
+    """Tests marked ``slow`` first, the longest first (``slow(seconds=...)``), so that
+    under ``pytest-xdist`` they start at once and the short ones fill the workers
+    in around them; then unit tests (a second, and no JVM), then the integration
+    tests, the chaos tests last."""
 
-    def rank(item: pytest.Item) -> int:
-        return next(
+    def rank(item: pytest.Item) -> tuple[float, int]:
+        part = next(
             (i for i, part in enumerate(_RUN_ORDER) if f"tests/{part}/" in item.nodeid),
             len(_RUN_ORDER),
         )
+        slow = item.get_closest_marker("slow")
+        return (-float(slow.kwargs.get("seconds", 30)) if slow else 0.0, part)
 
     items.sort(key=rank)
     for item in items:
