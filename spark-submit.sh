@@ -38,7 +38,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash scripts/setup.sh
+# set-up is idempotent and quick; a caller that has done it (the tests, whose services
+# start by the dozen) says so, and no two starts ever install beside each other
+[ -n "${LAKEPROP_SET_UP:-}" ] || bash scripts/setup.sh
 STACK="${LAKEPROP_STACK:-default}"
 VENV="${LAKEPROP_VENV:-$ROOT/$(python3 src/lakeprop/stack.py venv "$STACK")}"
 STACK_JARS="$ROOT/$(python3 src/lakeprop/stack.py jars "$STACK")"

@@ -47,6 +47,15 @@ TEST_CONF = {
 }
 
 
+TEST_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
+"""Every JVM of a test run (the tests' session, the broker, the S3 API server, each
+service process a test starts) compiles with the quick compiler only. A test run
+starts dozens of JVMs on two cores, most of them for a minute or two: the
+optimising compiler's threads of four JVMs at once took more CPU than the work
+(the three-instance scale-out test: 271 s and 510 CPU s with it, 173 s and 289 CPU
+s without). The code cache holds what the quick compiler makes of Spark."""
+
+
 def hive_conf(directory: Path) -> dict[str, str]:
     """An embedded Hive metastore (Derby) and its warehouse under ``directory``:
     what ``enableHiveSupport`` gives, kept out of the working directory. Derby
