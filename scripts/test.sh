@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # The test command (.ci/run calls it). Two jobs, each on its own stack, set up
-# by scripts/setup.sh (idempotent):
+# by scripts/setup.sh (idempotent; the floor's set-up runs beside the default job's):
 #
 #   default  lint, type check, the docs (generated pages checked against the code,
 #            mkdocs build --strict), then the whole suite, on the default stack;
 #   floor    the unit tests and the integration tests marked `floor` (the engine,
 #            the consumers, recovery, a chaos round) on the floor stack.
 #
+# Each job runs its tests in two parts: first every test but those marked
+# `processes` on parallel workers (pytest-xdist, one per core, at most four: each
+# has its own Spark session, broker and directories), then the `processes` tests
+# (each runs service processes of its own) one after another.
+#
 #   ./scripts/test.sh [--stack default|floor|all] [pytest arguments ...]
 #
 # The default is `all`: both jobs, the floor only if the default one passed.
-# Pytest arguments go to both.
+# Pytest arguments go to both. LAKEPROP_TEST_WORKERS sets the number of workers.
+# At the end it prints where the time went (every step of each job); each pytest
+# run prints its own summary (per module, the slowest tests), see devkit/timing.py.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -25,29 +32,80 @@ if [ "${1:-}" = "--stack" ]; then
   shift 2
 fi
 
+cores=$(nproc 2>/dev/null || echo 2)
+WORKERS="${LAKEPROP_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
+TIMES=()
+
 venv_of() { python3 src/lakeprop/stack.py venv "$1"; }
 
+# step NAME COMMAND...: run it, and note how long it took
+step() {
+  local name="$1" started=$SECONDS
+  shift
+  "$@"
+  TIMES+=("$(printf '%-26s %5d s' "$name" $((SECONDS - started)))")
+}
+
+# pytest_part STACK VENV ARGS...: pytest on the stack, where selecting no test at all
+# (exit code 5: a part the arguments given leave empty) is no failure
+pytest_part() {
+  local stack="$1" venv="$2" rc=0
+  shift 2
+  LAKEPROP_STACK="$stack" LAKEPROP_VENV="$venv" "$venv/bin/pytest" "$@" || rc=$?
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ]
+}
+
+# tests STACK VENV SELECTION ARGS...: both parts of a job's tests; SELECTION is a
+# marker expression ("" for every test)
+tests() {
+  local stack="$1" venv="$2" only="${3:+($3) and }"
+  shift 3
+  step "$stack: pytest, parallel" \
+    pytest_part "$stack" "$venv" -n "$WORKERS" -m "${only}not processes" "$@"
+  step "$stack: pytest, processes" pytest_part "$stack" "$venv" -m "${only}processes" "$@"
+}
+
+FLOOR_SETUP=""
+floor_setup_log="$ROOT/.cache/setup-floor.log"
+
 run_default() {
-  LAKEPROP_STACK=default bash scripts/setup.sh
+  if [[ " ${STACKS[*]} " == *" floor "* ]]; then  # the floor's set-up, beside this job's
+    mkdir -p "$ROOT/.cache"
+    (LAKEPROP_STACK=floor bash scripts/setup.sh > "$floor_setup_log" 2>&1) &
+    FLOOR_SETUP=$!
+  fi
+  step "default: set-up" env LAKEPROP_STACK=default bash scripts/setup.sh
   local venv="${LAKEPROP_VENV:-$ROOT/$(venv_of default)}"
-  "$venv/bin/ruff" check src tests jobs scripts bench devkit
-  "$venv/bin/ruff" format --check src tests jobs scripts bench devkit
-  "$venv/bin/mypy"
-  "$venv/bin/python" -m devkit.reference --check
-  NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet
-  LAKEPROP_STACK=default "$venv/bin/pytest" --durations=30 "$@"
+  step "default: lint" "$venv/bin/ruff" check src tests jobs scripts bench devkit
+  step "default: format" "$venv/bin/ruff" format --check src tests jobs scripts bench devkit
+  step "default: types" "$venv/bin/mypy"
+  step "default: references" "$venv/bin/python" -m devkit.reference --check
+  step "default: docs" env NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet
+  tests default "$venv" "" "$@"
 }
 
 run_floor() {
-  LAKEPROP_STACK=floor bash scripts/setup.sh
-  local venv="$ROOT/$(venv_of floor)"
-  LAKEPROP_STACK=floor LAKEPROP_VENV="$venv" "$venv/bin/pytest" --durations=15 \
-    -m "unit or floor" "$@"
+  local started=$SECONDS
+  if [ -n "$FLOOR_SETUP" ]; then
+    wait "$FLOOR_SETUP" || { cat "$floor_setup_log" >&2; return 1; }
+    cat "$floor_setup_log" >&2
+  else
+    LAKEPROP_STACK=floor bash scripts/setup.sh
+  fi
+  TIMES+=("$(printf '%-26s %5d s' "floor: set-up (wait)" $((SECONDS - started)))")
+  tests floor "$ROOT/$(venv_of floor)" "unit or floor" "$@"
 }
+
+summary() {
+  echo "== test.sh: where the time went" >&2
+  printf '   %s\n' "${TIMES[@]}" >&2
+}
+trap summary EXIT
 
 for stack in "${STACKS[@]}"; do
   echo "== test.sh: the $stack job" >&2
   started=$SECONDS
   "run_$stack" "$@"
+  TIMES+=("$(printf '%-26s %5d s' "$stack: the job" $((SECONDS - started)))")
   echo "== test.sh: the $stack job passed in $((SECONDS - started)) s" >&2
 done

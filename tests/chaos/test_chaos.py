@@ -17,7 +17,13 @@ from devkit.chaos import KILL_POINTS, Chaos, ChaosSettings
 from lakeprop import faults
 from lakeprop.dev.localkafka import LocalKafka
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.floor]
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.integration,
+    pytest.mark.floor,
+    pytest.mark.slow(seconds=200),
+    pytest.mark.processes,
+]
 
 FLOOR_POINTS = (
     *sorted(KILL_POINTS - {"index.written"}),

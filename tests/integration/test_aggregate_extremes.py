@@ -20,7 +20,7 @@ from lakeprop.consumers.base import ConsumerContext
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SCHEMA = "g STRING, v INT"
 OPTIONS = {

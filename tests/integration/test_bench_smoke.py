@@ -11,7 +11,7 @@ from bench.run import BENCHMARKS, SIZES
 from devkit.s3 import LocalS3
 from lakeprop.dev.localkafka import LocalKafka
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 VARIANTS = {"auto_cdc_plain"}

@@ -33,7 +33,7 @@ from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
 from tests.integration.test_recovery import add_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.processes]
 
 
 def submit(cluster: StandaloneCluster, config: AppConfig, state: Path) -> subprocess.Popen[bytes]:

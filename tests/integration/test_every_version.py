@@ -30,7 +30,7 @@ from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.spec import JobKey
 from tests.integration.test_consumers import read_feed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def fulltext(rows: DataFrame) -> DataFrame:

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from devkit.fuzzing.runner import Fuzzer, run
 from lakeprop.dev.localkafka import LocalKafka
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=80)]
 
 SEEDS = (7, 1)
 """Seed 7: updates, then one that changes keys, on a partitioned source with

@@ -24,7 +24,7 @@ from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
 from tests.integration.test_recovery import wait_for_error
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONSUMERS = {
     "copy": {"type": "replica", "options": {"primary_key": ["id"]}},

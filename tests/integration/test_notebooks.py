@@ -26,7 +26,7 @@ from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.spec import JobKey
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"

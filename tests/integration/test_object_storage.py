@@ -201,6 +201,7 @@ def write_vectors(spark: SparkSession, path: str, ids: range) -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_service_on_object_storage_keeps_its_targets_exact_across_a_restart(
     spark: SparkSession, app_config: AppConfig, bucket: str
 ) -> None:

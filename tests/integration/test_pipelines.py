@@ -89,6 +89,7 @@ def assert_the_last_table_is_the_model(spark: SparkSession, config: AppConfig, p
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path_taken", ["auto", "spark"])
 def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
     spark: SparkSession, app_config: AppConfig, path_taken: str

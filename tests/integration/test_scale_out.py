@@ -213,6 +213,8 @@ COMPARED: dict[str, Callable[[DataFrame, models.Target], tuple[Any, Any]]] = {
 """(expected, actual) rows of each job of :data:`MORE`."""
 
 
+@pytest.mark.slow(seconds=220)
+@pytest.mark.processes
 @pytest.mark.timeout(900)
 def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoin(
     spark: SparkSession, app_config: AppConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
