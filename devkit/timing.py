@@ -12,7 +12,7 @@ For every test (set-up, call and teardown together) it records
 The records travel on the tests' reports, so under ``pytest-xdist`` the
 controller sees every worker's. At the end it prints a short summary (the
 whole run, each module, the slowest tests) and, with ``LAKEPROP_TIMING=<file>``,
-writes every record there as JSON lines; ``LAKEPROP_TIMING_THREADS=1`` adds the
+adds every record there as a JSON line (with the stack); ``LAKEPROP_TIMING_THREADS=1`` adds the
 CPU of each JVM's threads by name (its compilers, its collector, Spark's tasks) at
 the end, and ``LAKEPROP_TIMING_THREADS=<file>`` writes that of each worker's JVMs,
 taken before its last teardown stops them, to ``<file>.<worker>``.
@@ -232,9 +232,10 @@ class Timing:
         if self.output:
             path = Path(self.output)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("w") as f:
+            stack = os.environ.get("LAKEPROP_STACK", "default")
+            with path.open("a") as f:  # test.sh's parts and jobs add to one file
                 for record in self.records.values():
-                    f.write(json.dumps(asdict(record)) + "\n")
+                    f.write(json.dumps({"stack": stack, **asdict(record)}) + "\n")
 
     def pytest_unconfigure(self) -> None:
         self.uninstall()
