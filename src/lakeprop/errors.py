@@ -55,6 +55,7 @@ class ErrorCode(IntEnum):
     PIPELINE_CYCLE = 10700
     DOWNSTREAM_JOBS = 10701
     EXPECTATION_FAILED = 10702
+    TARGET_TAKEN = 10703
 
 
 TEMPORARY_LIMIT = 10000
@@ -109,10 +110,13 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.BULK_IN_CLUSTER: "bulk operations are not run by a service with `cluster.enabled`",
     ErrorCode.PIPELINE_CYCLE: "a job would read, through other jobs, the table it writes: the "
     "cycle is named",
-    ErrorCode.DOWNSTREAM_JOBS: "an unregister of a job whose target other jobs read: they are "
-    "named; unregister them first, or send the unregister with `cascade`",
+    ErrorCode.DOWNSTREAM_JOBS: "an unregister of a job whose target other jobs of its account "
+    "read, or an update that would stop writing a target other jobs read: they are named; "
+    "unregister them first, or send the unregister with `cascade`",
     ErrorCode.EXPECTATION_FAILED: "rows broke an expectation whose action is `fail`: the rule "
     "and a few keys are named, and nothing of the range was written",
+    ErrorCode.TARGET_TAKEN: "a register or update whose target another live job writes: "
+    "that job is named; each target has one writer, so give this one another `target_table`",
 }
 """What each code means, for the error-code reference (``docs/reference``)."""
 
@@ -209,8 +213,9 @@ class BulkError(PermanentError):
 
 
 class PipelineError(PermanentError):
-    """A change that would break the pipeline graph: a cycle, or a drop that would
-    leave jobs reading a table nothing writes any more."""
+    """A change that would break the pipeline graph: a cycle, a second writer of a
+    target, or a drop or re-target that would leave jobs reading a table nothing
+    writes any more."""
 
     default_code = ErrorCode.PIPELINE_CYCLE
 

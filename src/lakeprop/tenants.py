@@ -102,11 +102,21 @@ class Tenants:
         """Change rows one tail iteration of the account may read (0: no bound)."""
         return self.of(account_id).max_rows_per_iteration or engine_bound
 
-    def admit(self, key: JobKey, spec: JobSpec, census: Census, *, new_job: bool) -> None:
+    def admit(
+        self,
+        key: JobKey,
+        spec: JobSpec,
+        census: Census,
+        *,
+        new_job: bool,
+        keeps_target: bool = False,
+    ) -> None:
         """Raise TenantError when the job may not exist with this spec: a source or
         target outside the account's scope, a target that belongs to another
         account or to the service, or (a new job) over the account's live-job
-        quota. The first of these that applies is the reason."""
+        quota. The first of these that applies is the reason. An update that
+        ``keeps_target`` (the job writes it already) is never refused for the
+        other accounts that have come to read that target since."""
         tenant = self.of(key.account_id)
         target = target_table(key, spec.iteration.consumer.options)
         for role, database in (("source", key.database), ("target", target[0])):
@@ -122,7 +132,7 @@ class Tenants:
                 ErrorCode.TARGET_NOT_ALLOWED,
             )
         others = census.owners.get(target, set()) - {key.account_id}
-        if others:
+        if others and not keeps_target:
             raise TenantError(
                 f"target {target[0]}.{target[1]} belongs to another account "
                 f"(a table its jobs read or write)",

@@ -209,6 +209,14 @@ def test_the_graph_refuses_cycles_and_stranding_drops_and_shows_who_waits(
             "-[totals]-> p.events_copy_totals -[out]-> p.events_copy_totals_out"
         ) in cycle["detail"]
 
+        # p.events/copy_totals defaults to the target of p.events_copy/totals
+        second = JobKey(1, "p", "events", "copy_totals")
+        taken = client.wait_for_outcome(
+            client.register_job(second, spec("replica", primary_key=["id"]))
+        )
+        assert (taken["outcome"], taken["error_code"]) == ("rejected", ErrorCode.TARGET_TAKEN)
+        assert f"p.events_copy_totals, the target of job {TOTALS}" in taken["detail"]
+
         stranding = client.wait_for_outcome(client.unregister_job(TOTALS))
         assert (stranding["outcome"], stranding["error_code"]) == (
             "rejected",

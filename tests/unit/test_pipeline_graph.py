@@ -249,11 +249,92 @@ def test_a_selection_keeps_one_jobs_chains_or_one_databases_jobs() -> None:
     assert set(render.selected(g).nodes) == {A, B, other}
 
 
-def test_a_cascade_never_drops_another_accounts_jobs() -> None:
+def test_a_cascade_never_drops_another_accounts_jobs_nor_do_they_hold_the_owner_up() -> None:
     theirs = JobKey(7, "db", "a_x", "theirs")  # account 7 reads account 0's target
     rows = apply_commands([], [register(1, A, spec()), register(2, theirs, spec())], check_ok)
-    (verdict,) = apply_commands(
-        rows.upserts.values(), [unregister(3, A, cascade=True)], check_ok
+    assert [v.outcome for v in rows.verdicts] == [Outcome.APPLIED] * 2
+    live = list(rows.upserts.values())
+    # account 0 still updates its own job, keeping its target
+    (updated,) = apply_commands(
+        live, [update(3, A, {"primary_key": ["id", "k"]})], check_ok
     ).verdicts
-    assert verdict.outcome is Outcome.REJECTED and verdict.error_code == ErrorCode.DOWNSTREAM_JOBS
-    assert str(theirs) in verdict.detail and "other accounts" in verdict.detail
+    assert updated.outcome is Outcome.APPLIED, updated.detail
+    for cascade in (False, True):
+        dropped = apply_commands(live, [unregister(4, A, cascade=cascade)], check_ok)
+        (verdict,) = dropped.verdicts
+        assert verdict.outcome is Outcome.APPLIED, verdict.detail
+        assert {r.key for r in dropped.upserts.values()} == {A}  # theirs stays live
+        assert "1 job(s) of other accounts" in verdict.detail
+        assert str(theirs) not in verdict.detail  # another account's jobs are not named
+
+
+def update(offset: int, k: JobKey, options: dict[str, Any], consumer: str | None = None) -> Command:
+    change: dict[str, Any] = {"options": options} | ({"type": consumer} if consumer else {})
+    return Command(
+        Operation.UPDATE_SPEC,
+        f"u{offset}",
+        k,
+        rec(offset),
+        spec_update={"iteration": {"consumer": change}},
+    )
+
+
+def test_two_jobs_whose_targets_collide_are_one_too_many() -> None:
+    # eu/x_all and eu_x/all both default to the target eu_x_all
+    first, second = key("eu", "x_all"), key("eu_x", "all")
+    result = apply_commands([], [register(1, first, spec()), register(2, second, spec())], check_ok)
+    applied, refused = result.verdicts
+    assert applied.outcome is Outcome.APPLIED
+    assert refused.outcome is Outcome.REJECTED and refused.error_code == ErrorCode.TARGET_TAKEN
+    assert f"db.eu_x_all, the target of job {first}" in refused.detail
+    assert {r.key for r in result.upserts.values()} == {first}
+    rows = list(result.upserts.values())
+    # in a later batch, in another database through target options, in another case,
+    # of another consumer type, or from another account: still the one target
+    for offset, (k, s) in enumerate(
+        [
+            (second, spec()),
+            (key("t", "j", database="other"), spec(target_database="DB", target_table="EU_X_ALL")),
+            (key("t", "agg"), spec("aggregate_view", target_table="eu_X_all")),
+            (JobKey(7, "db", "eu_x", "all"), spec()),
+        ],
+        start=3,
+    ):
+        (verdict,) = apply_commands(rows, [register(offset, k, s)], check_ok).verdicts
+        assert verdict.outcome is Outcome.REJECTED, (k, verdict.detail)
+        assert verdict.error_code in (ErrorCode.TARGET_TAKEN, ErrorCode.TARGET_NOT_ALLOWED)
+    # an update onto the taken target is refused too; the job's own target is its own
+    other = key("t", "solo")
+    rows = (
+        list(apply_commands(rows, [register(10, other, spec())], check_ok).upserts.values()) + rows
+    )
+    (verdict,) = apply_commands(
+        rows, [update(11, other, {"target_table": "eu_x_all"})], check_ok
+    ).verdicts
+    assert verdict.error_code == ErrorCode.TARGET_TAKEN and str(first) in verdict.detail
+    (verdict,) = apply_commands(
+        rows, [update(12, first, {"primary_key": ["id", "v"]})], check_ok
+    ).verdicts
+    assert verdict.outcome is Outcome.APPLIED
+
+
+def test_an_update_that_would_strand_the_readers_of_its_target_is_refused() -> None:
+    rows = chain()
+    for offset, change in enumerate(
+        [
+            update(20, B, {"target_table": "elsewhere"}),
+            update(
+                21,
+                B,
+                {"topic": "t", "bootstrap_servers": "127.0.0.1:9092", "primary_key": ["id"]},
+                "kafka_changefeed",
+            ),
+        ]
+    ):
+        (verdict,) = apply_commands(rows, [change], check_ok).verdicts
+        assert verdict.outcome is Outcome.REJECTED, offset
+        assert verdict.error_code == ErrorCode.DOWNSTREAM_JOBS
+        assert f"stop writing db.a_x_y, which 1 job(s) read: {C}" in verdict.detail
+    # the last job of the chain has no readers: it may move its target
+    (verdict,) = apply_commands(rows, [update(22, C, {"target_table": "moved"})], check_ok).verdicts
+    assert verdict.outcome is Outcome.APPLIED

@@ -9,7 +9,10 @@ Spark compares them.
 
 The graph must stay acyclic: a job that would read, through any number of
 steps, what it writes itself is rejected at registration
-(:meth:`Graph.cycle_with`), naming the jobs of the cycle.
+(:meth:`Graph.cycle_with`), naming the jobs of the cycle. Each target has one
+writer: a job that would write a table another live job writes, whatever the
+account, the database or the case of its name, is rejected naming that job
+(:meth:`Graph.other_writers`).
 """
 
 from __future__ import annotations
@@ -142,9 +145,22 @@ class Graph:
         node = self.nodes.get(key)
         return [] if node is None else self.writers(node.source)
 
-    def below(self, key: JobKey) -> list[JobKey]:
-        """Every job downstream of ``key``, at any depth, nearest first."""
-        return list(self._walk(key, self.downstream))[1:]
+    def below(self, key: JobKey, account: int | None = None) -> list[JobKey]:
+        """Every job downstream of ``key``, at any depth, nearest first; with
+        ``account``, only its jobs, reached through its jobs alone."""
+        if account is None:
+            return list(self._walk(key, self.downstream))[1:]
+
+        def step(k: JobKey) -> list[JobKey]:
+            return [d for d in self.downstream(k) if d.account_id == account]
+
+        return list(self._walk(key, step))[1:]
+
+    def other_writers(self, key: JobKey, spec: JobSpec) -> list[JobKey]:
+        """The live jobs other than ``key`` that write the table ``key`` with ``spec``
+        would write: there must be none (one writer per target)."""
+        target = self.node_for(key, spec).target
+        return [] if target is None else [k for k in self.writers(target) if k != key]
 
     def above(self, key: JobKey) -> list[JobKey]:
         """Every job upstream of ``key``, at any depth, nearest first."""

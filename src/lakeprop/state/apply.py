@@ -131,6 +131,34 @@ class _Applying:
                 "a job may not read, through other jobs, the table it writes"
             )
 
+    def sole_writer(self, key: JobKey, spec: JobSpec) -> None:
+        """Raise when another live job writes the table ``key`` with ``spec`` would
+        write: each snapshot of one would overwrite the other's rows."""
+        others = self.graph.other_writers(key, spec)
+        if others:
+            database, table = self.graph.node_for(key, spec).target or ("", "")
+            raise PipelineError(
+                f"job {key} would write {database}.{table}, the target of job {others[0]}; "
+                "each target has one writer: give this job another target_table, "
+                f"or unregister {others[0]} first",
+                ErrorCode.TARGET_TAKEN,
+            )
+
+    def keeps_readers(self, key: JobKey, spec: JobSpec) -> None:
+        """Raise when ``key`` with ``spec`` would stop writing a table other jobs read
+        (another target, or none: a Kafka feed), as an unregister of it would."""
+        old = self.graph.nodes.get(key)
+        if old is None or old.target is None or self.graph.node_for(key, spec).target == old.target:
+            return
+        readers = self.graph.downstream(key)
+        if readers:
+            raise PipelineError(
+                f"job {key} would stop writing {old.target[0]}.{old.target[1]}, which "
+                f"{len(readers)} job(s) read: {', '.join(map(str, readers))}; "
+                "unregister or re-point them first",
+                ErrorCode.DOWNSTREAM_JOBS,
+            )
+
     def checked(self, key: JobKey, spec: JobSpec) -> str:
         """The source's identity (:data:`SourceCheck`). A missing source that a live job
         writes is that job's target before its first snapshot: the error says so."""
@@ -171,6 +199,7 @@ def _register(
     if prior is None:  # a replay keeps the verdict it got, whatever changed since
         ctx.tenants.admit(cmd.key, cmd.spec, ctx.census, new_job=True)
         ctx.acyclic(cmd.key, cmd.spec)
+        ctx.sole_writer(cmd.key, cmd.spec)
     table_id = prior.table_id if prior and prior.table_id else ctx.checked(cmd.key, cmd.spec)
     ctx.census.add(cmd.key, cmd.spec)
     ctx.graph.add(cmd.key, cmd.spec)
@@ -200,19 +229,22 @@ def _unregister(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
 ) -> None:
     assert live is not None
-    below = ctx.graph.below(live.key)
-    foreign = [k for k in below if k.account_id != live.key.account_id]
-    if prior is None and (foreign or (below and not cmd.cascade)):
+    below = ctx.graph.below(live.key, account=live.key.account_id)
+    if prior is None and below and not cmd.cascade:
         raise PipelineError(
             f"job {live.key} has {len(below)} job(s) downstream, reading its target: "
             f"{', '.join(map(str, below))}; "
-            + (
-                "jobs of other accounts are dropped by their own accounts only"
-                if foreign
-                else "unregister them first, or send the unregister with cascade to drop them too"
-            ),
+            "unregister them first, or send the unregister with cascade to drop them too",
             ErrorCode.DOWNSTREAM_JOBS,
         )
+    # jobs of other accounts are dropped by their own accounts only: they keep reading
+    # the tables as the dropped jobs left them (an account never holds another's up)
+    foreign = {
+        k
+        for job in (live.key, *(below if cmd.cascade else ()))
+        for k in ctx.graph.downstream(job)
+        if k.account_id != live.key.account_id
+    }
     ctx.put_touched(replace(live, drop_at=cmd.record.timestamp), cmd)
     dropped = [live]
     if cmd.cascade:  # the downstream rows keep their own messages' coordinates
@@ -229,6 +261,11 @@ def _unregister(
         detail += f" with {len(dropped) - 1} job(s) downstream: " + ", ".join(
             str(r.key) for r in dropped[1:]
         )
+    if foreign:
+        detail += (
+            f"; {len(foreign)} job(s) of other accounts read what it wrote, and keep "
+            "reading it as it stands"
+        )
     ctx.verdict(cmd, Outcome.APPLIED, detail, job_id=live.job_id)
 
 
@@ -242,8 +279,18 @@ def _update_spec(
         assert cmd.spec_update is not None
         merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
     if prior is None:
-        ctx.tenants.admit(cmd.key, merged, ctx.census, new_job=False)
+        old = ctx.graph.nodes.get(cmd.key)
+        ctx.tenants.admit(
+            cmd.key,
+            merged,
+            ctx.census,
+            new_job=False,
+            keeps_target=old is not None
+            and old.target == ctx.graph.node_for(cmd.key, merged).target,
+        )
         ctx.acyclic(cmd.key, merged)
+        ctx.sole_writer(cmd.key, merged)
+        ctx.keeps_readers(cmd.key, merged)
         ctx.check(cmd.key, merged)
     ctx.graph.add(cmd.key, merged)
     updated = replace(live, job_spec=merged.canonical())
