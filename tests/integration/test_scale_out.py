@@ -1,4 +1,4 @@
-"""Three service processes share twelve tables through the membership group.
+"""Three service processes share six tables through the membership group.
 
 Each instance is its own ``spark-submit.sh`` process (local master, one core),
 on the test's broker and one shared state. The test kills one (SIGKILL) and at
@@ -56,7 +56,7 @@ from tests.integration.test_recovery import add_rows
 
 pytestmark = pytest.mark.integration
 
-SLOTS = 12
+SLOTS = 6
 SESSION = 6.0
 COLUMNS = ["id", "name", "amount"]
 MORE = {
@@ -314,8 +314,8 @@ def assert_metrics_show_the_share(running: dict[str, Instance]) -> None:
     for name, metrics in scraped.items():
         assert metrics[f'lakeprop_cluster_member{{member="{name}"}}'] == 1
         assert metrics["lakeprop_cluster_self_fenced"] == 0
-    i2 = scraped["i2"]
-    assert i2['lakeprop_cluster_slot_handovers_total{direction="gained"}'] > 4, i2
+    i2 = scraped["i2"]  # it held every slot while it served alone: each was gained once
+    assert i2['lakeprop_cluster_slot_handovers_total{direction="gained"}'] >= SLOTS, i2
     assert i2['lakeprop_cluster_slot_handovers_total{direction="revoked"}'] >= 1, i2
 
 
