@@ -48,12 +48,18 @@ TEST_CONF = {
 
 
 TEST_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
-"""Every JVM of a test run (the tests' session, the broker, the S3 API server, each
-service process a test starts) compiles with the quick compiler only. A test run
-starts dozens of JVMs on two cores, most of them for a minute or two: the
-optimising compiler's threads of four JVMs at once took more CPU than the work
-(the three-instance scale-out test: 271 s and 510 CPU s with it, 173 s and 289 CPU
-s without). The code cache holds what the quick compiler makes of Spark."""
+"""The JVMs a test starts (the broker, the S3 API server, each service process)
+compile with the quick compiler only. A test run starts dozens of them on two
+cores, most for a minute or two: the optimising compiler's threads of four JVMs
+at once took more CPU than the work (the three-instance scale-out test: 271 s and
+510 CPU s with it, 173 s and 289 CPU s without). The code cache holds what the
+quick compiler makes of Spark."""
+
+SESSION_JAVA_OPTIONS = "-XX:TieredStopAtLevel=4"
+"""The tests' own session, which lives for the whole run and does most of its
+work, compiles fully (its command line overrides :data:`TEST_JAVA_OPTIONS`,
+which reach it through the environment): on the quick compiler alone a worker's
+session ran the operation fuzzer past its timeout."""
 
 
 def hive_conf(directory: Path) -> dict[str, str]:
@@ -66,7 +72,7 @@ def hive_conf(directory: Path) -> dict[str, str]:
         "spark.hadoop.javax.jdo.option.ConnectionURL": (
             f"jdbc:derby:;databaseName={directory / 'metastore_db'};create=true"
         ),
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={directory}",
+        "spark.driver.extraJavaOptions": f"{SESSION_JAVA_OPTIONS} -Dderby.system.home={directory}",
     }
 
 
@@ -78,7 +84,11 @@ def local_session(app_name: str = "lakeprop-tests", metastore: Path | None = Non
             app_name=app_name,
             master="local[2]",
             jars_dir=str(JARS),
-            conf={**TEST_CONF, **(hive_conf(metastore) if metastore else {})},
+            conf={
+                **TEST_CONF,
+                "spark.driver.extraJavaOptions": SESSION_JAVA_OPTIONS,
+                **(hive_conf(metastore) if metastore else {}),
+            },
         )
     )
 

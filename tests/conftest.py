@@ -26,7 +26,8 @@ pytest_plugins = ["devkit.timing"]
 
 # What every process a test starts inherits. Service processes (``spark-submit.sh``)
 # skip the set-up: the test command has run it, and two of them must never install
-# beside each other. Every JVM compiles quickly (``TEST_JAVA_OPTIONS``).
+# beside each other. Their JVMs compile quickly (``TEST_JAVA_OPTIONS``; the tests'
+# own session overrides it).
 os.environ.setdefault("LAKEPROP_SET_UP", "1")
 os.environ.setdefault("JDK_JAVA_OPTIONS", " ".join(TEST_JAVA_OPTIONS))
 

@@ -52,6 +52,14 @@ CONSUMERS: dict[str, dict[str, Any]] = {
         },
     },
 }
+CONSUMERS["capped"] = {
+    "type": "aggregate_view",
+    "options": {
+        "group_by": ["name"],
+        "aggregates": aggregates_of("amount"),
+        "expectations": [{"name": "below_1000", "check": "amount < 1000", "action": "drop"}],
+    },
+}
 NUMBERS = {name: n for n, name in enumerate(CONSUMERS, start=1)}
 QUARANTINE_COLUMNS = ["id", "name", "amount", "__reason", "__source_version"]
 
@@ -169,6 +177,32 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
     assert counts(last, "totals") == [RuleCount("amount_known", "drop", 0)]
     assert_targets()
     assert_quarantine([*expected, (13, "g", None, "amount_known", third)])
+
+
+def test_an_extreme_recomputed_from_the_source_sees_only_the_rows_the_rules_keep(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "qa", "orders")
+    rows = [(1, "g", 5.0), (2, "g", 3.0), (3, "g", 2000.0), (4, "h", 1.0)]
+    spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+    first = latest_version(spark, path)
+    run(spark, tables, first, ["capped"], None)
+    # the group's greatest kept value goes: its max is recomputed from the source,
+    # where 2000 (dropped, never in the view) must stay out
+    DeltaTable.forPath(spark, path).update(F.col("amount") == 5.0, {"amount": F.lit(4.0)})
+    second = latest_version(spark, path)
+    assert counts(run(spark, tables, second, ["capped"], first), "capped") == [
+        RuleCount("below_1000", "drop", 0)
+    ]
+    kept = spark.read.format("delta").load(path).where("amount < 1000")
+    columns = ["name", *AGGREGATE_COLUMNS]
+    assert_df_equality(
+        target(spark, tables, "orders_capped").select(*columns),
+        aggregated(kept, ["name"], "amount").select(*columns),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
 
 
 def test_a_broken_fail_rule_names_it_and_writes_nothing(

@@ -24,6 +24,7 @@ runs the others, longer."""
 OPERATIONS = 4
 
 
+@pytest.mark.timeout(900)  # its run on a loaded worker (a timeout ends that worker's session)
 def test_random_real_delta_operations_leave_every_target_equal_to_its_model(
     spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:

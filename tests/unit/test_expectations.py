@@ -58,6 +58,14 @@ def test_rules_are_validated_and_stored_beside_the_consumer_options() -> None:
     assert expectations.columns(expectations.of(options)) == ["id"]
 
 
+def test_the_rows_a_job_keeps_are_those_every_drop_rule_lets_in() -> None:
+    rules = expectations.parse([*RULES, {"name": "named", "check": "name <> ''", "action": "drop"}])
+    assert expectations.keeping(rules) == (
+        "coalesce((amount IS NOT NULL), false) AND coalesce((name <> ''), false)"
+    )
+    assert expectations.keeping(expectations.parse(RULES[1:])) is None  # no rule drops
+
+
 def test_a_job_without_rules_keeps_its_options_and_its_write_identity() -> None:
     plain = JobSpec.from_json(replica()).iteration.consumer
     emptied = JobSpec.from_json(replica(expectations=[])).iteration.consumer

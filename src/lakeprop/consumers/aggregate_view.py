@@ -17,9 +17,10 @@ group_by`` at that version, plus bookkeeping columns prefixed ``_lp_`` (row
 and non-null counts, sums). Count and sum move by deltas of the changes (an
 update counts as its pre-image removed and post-image added). Min and max take
 the least/greatest of the old extreme and the inserted values; a group is
-recomputed from the source at the iteration's version when a value at or
-beyond that merged extreme was deleted or updated away in the range (it may be
-the old extreme, or a value inserted and removed again within the range). A
+recomputed from the source at the iteration's version (from the rows its
+``drop`` rules keep) when a value at or beyond that merged extreme was deleted
+or updated away in the range (it may be the old extreme, or a value inserted
+and removed again within the range). A
 group whose last row goes is deleted; without ``group_by`` the view is one row,
 as the SQL query is, also when the source is empty.
 
@@ -287,6 +288,8 @@ class AggregateViewConsumer(Consumer):
         key = self.context.key
         source = self.context.locate(key.database, key.table)
         rows = source.load(source.reader().option("versionAsOf", to_version))
+        if self.context.keeps:  # the rows the view holds: those its drop rules keep
+            rows = rows.where(self.context.keeps)
         flagged = updated.where("_lp_recompute").select(*self.group_by)
         if self.group_by:
             rows = rows.join(

@@ -104,6 +104,10 @@ class ConsumerContext:
     storage: Storage = field(default_factory=Storage)
     """How delta-rs reaches the tables (:meth:`Storage.options` per location), for
     ``apply_changes_native``."""
+    keeps: str | None = None
+    """The SQL condition of the job's ``drop`` rules (None: no rule drops): rows a
+    consumer reads from the source itself, outside the change set it is handed,
+    must meet it, or rows its target never held come back through them."""
     key_bounds: Bounds | None = None
     """Least and greatest value, in this member's change set, of the key columns
     its consumer type names (``Consumer.key_columns``), by lower-case column

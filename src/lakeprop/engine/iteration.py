@@ -206,6 +206,7 @@ def _consume(
     where = f"iteration {plan.iteration_id}"
     if not rules:
         return run_member(job, context, token, lambda consumer: apply(consumer, rows), where)
+    context = replace(context, keeps=expectations.keeping(rules))
     counts: list[RuleCount] = []
 
     def guarded(consumer: Consumer) -> int:

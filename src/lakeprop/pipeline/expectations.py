@@ -161,3 +161,14 @@ def columns(rules: Sequence[Expectation]) -> list[str]:
     for rule in rules:
         out += [c for c in rule.unique if c.lower() not in {o.lower() for o in out}]
     return out
+
+
+def keeping(rules: Sequence[Expectation]) -> str | None:
+    """The SQL condition a source row meets when every ``drop`` rule keeps it (a
+    rule that comes out NULL drops, as the rules' own pass reads it), or None
+    when no rule drops: what a consumer applies to rows it reads from the source
+    itself (an aggregate's extremes), so they are the rows its target holds."""
+    drops = [r for r in rules if r.action == DROP and r.check is not None]
+    if not drops:
+        return None
+    return " AND ".join(f"coalesce(({r.check}), false)" for r in drops)
