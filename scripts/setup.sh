@@ -69,6 +69,14 @@ if ! stamp_ok jars "$ROOT/tools/spark/pom.xml" <(echo "$properties") || [ ! -d "
   stamp_write jars "$ROOT/tools/spark/pom.xml" <(echo "$properties")
 fi
 
+# 3-5 are shared by every stack, and so are their stamps: one set-up at a time makes
+# them (the test command sets the floor stack up beside the default one, whose tests
+# may be reading them already), the other then finds them made and leaves them alone.
+mkdir -p "$CACHE"
+exec 9> "$CACHE/shared.lock"
+flock 9
+STAMPS="$CACHE/stamps/shared"
+
 # 3. The local Kafka broker (KRaft) classpath, shared by every stack.
 broker=$(stack broker "$STACK")
 if ! stamp_ok kafka "$ROOT/tools/kafka/pom.xml" <(echo "$broker") || [ ! -s "$CACHE/kafka.classpath" ]; then
@@ -97,5 +105,7 @@ if ! stamp_ok s3proxy "$ROOT/tools/s3proxy/pom.xml" || [ ! -s "$CACHE/s3proxy.cl
     -Dmdep.outputFile="$CACHE/s3proxy.classpath"
   stamp_write s3proxy "$ROOT/tools/s3proxy/pom.xml"
 fi
+
+flock -u 9
 
 log "ready: $VENV, $JARS, $CACHE/kafka.classpath, $CACHE/s3proxy.classpath"

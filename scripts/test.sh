@@ -47,22 +47,39 @@ step() {
 }
 
 # pytest_part STACK VENV ARGS...: pytest on the stack, where selecting no test at all
-# (exit code 5: a part the arguments given leave empty) is no failure
+# (exit code 5: a part the arguments given leave empty) is no failure of the part;
+# RAN counts the parts that ran tests
+RAN=0
 pytest_part() {
   local stack="$1" venv="$2" rc=0
   shift 2
   LAKEPROP_STACK="$stack" LAKEPROP_VENV="$venv" "$venv/bin/pytest" "$@" || rc=$?
+  [ "$rc" -ne 0 ] || RAN=$((RAN + 1))
   [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ]
 }
 
 # tests STACK VENV SELECTION ARGS...: both parts of a job's tests; SELECTION is a
-# marker expression ("" for every test)
+# marker expression ("" for every test), and a -m among ARGS narrows it further
+# (pytest keeps only the last -m it is given, so the parts' own are joined to it)
 tests() {
-  local stack="$1" venv="$2" only="${3:+($3) and }"
+  local stack="$1" venv="$2" only="${3:+($3) and }" args=()
   shift 3
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -m) only="${only}(${2:?-m takes a marker expression}) and "; shift 2 ;;
+      -m*) only="${only}(${1#-m}) and "; shift ;;
+      *) args+=("$1"); shift ;;
+    esac
+  done
+  local before=$RAN
   step "$stack: pytest, parallel" \
-    pytest_part "$stack" "$venv" -n "$WORKERS" -m "${only}not processes" "$@"
-  step "$stack: pytest, processes" pytest_part "$stack" "$venv" -m "${only}processes" "$@"
+    pytest_part "$stack" "$venv" -n "$WORKERS" -m "${only}not processes" ${args[@]+"${args[@]}"}
+  step "$stack: pytest, processes" \
+    pytest_part "$stack" "$venv" -m "${only}processes" ${args[@]+"${args[@]}"}
+  if [ "$RAN" -eq "$before" ]; then
+    echo "test.sh: the $stack job selected no test at all" >&2
+    return 1
+  fi
 }
 
 FLOOR_SETUP=""
@@ -97,8 +114,10 @@ run_floor() {
 }
 
 summary() {
+  # a floor set-up still running (the default job failed) is waited for, not orphaned
+  [ -z "$FLOOR_SETUP" ] || wait "$FLOOR_SETUP" 2>/dev/null || true
   echo "== test.sh: where the time went" >&2
-  printf '   %s\n' "${TIMES[@]}" >&2
+  printf '   %s\n' ${TIMES[@]+"${TIMES[@]}"} >&2
 }
 trap summary EXIT
 

@@ -37,6 +37,10 @@ Table = tuple[str, str]
 """(database, table)"""
 
 
+def lowered(table: Table) -> Table:
+    return table[0].lower(), table[1].lower()
+
+
 @dataclass
 class Census:
     """Who uses what among the live jobs: live jobs per account, and which account
@@ -55,7 +59,9 @@ class Census:
 
     @staticmethod
     def _tables(key: JobKey, spec: JobSpec) -> tuple[Table, Table]:
-        return (key.database, key.table), target_table(key, spec.iteration.consumer.options)
+        """A job's source and target, by lower-case name (as Spark compares them)."""
+        target = target_table(key, spec.iteration.consumer.options)
+        return lowered((key.database, key.table)), lowered(target)
 
     def add(self, key: JobKey, spec: JobSpec) -> None:
         self.live[key.account_id] = self.live.get(key.account_id, 0) + 1
@@ -131,7 +137,7 @@ class Tenants:
                 f"target {target[0]}.{target[1]} is one of lakeprop's own state tables",
                 ErrorCode.TARGET_NOT_ALLOWED,
             )
-        others = census.owners.get(target, set()) - {key.account_id}
+        others = census.owners.get(lowered(target), set()) - {key.account_id}
         if others and not keeps_target:
             raise TenantError(
                 f"target {target[0]}.{target[1]} belongs to another account "

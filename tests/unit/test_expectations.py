@@ -59,9 +59,9 @@ def test_rules_are_validated_and_stored_beside_the_consumer_options() -> None:
 
 
 def test_the_rows_a_job_keeps_are_those_every_drop_rule_lets_in() -> None:
-    rules = expectations.parse([*RULES, {"name": "named", "check": "name <> ''", "action": "drop"}])
-    assert expectations.keeping(rules) == (
-        "coalesce((amount IS NOT NULL), false) AND coalesce((name <> ''), false)"
+    named = {"name": "named", "check": "name <> '' -- set", "action": "drop"}
+    assert expectations.keeping(expectations.parse([*RULES, named])) == (
+        "coalesce((amount IS NOT NULL\n), false) AND coalesce((name <> '' -- set\n), false)"
     )
     assert expectations.keeping(expectations.parse(RULES[1:])) is None  # no rule drops
 

@@ -259,6 +259,9 @@ def test_a_cascade_never_drops_another_accounts_jobs_nor_do_they_hold_the_owner_
         live, [update(3, A, {"primary_key": ["id", "k"]})], check_ok
     ).verdicts
     assert updated.outcome is Outcome.APPLIED, updated.detail
+    # and moves it elsewhere: account 7's job keeps reading the table as it was left
+    (moved,) = apply_commands(live, [update(3, A, {"target_table": "moved"})], check_ok).verdicts
+    assert moved.outcome is Outcome.APPLIED, moved.detail
     for cascade in (False, True):
         dropped = apply_commands(live, [unregister(4, A, cascade=cascade)], check_ok)
         (verdict,) = dropped.verdicts
@@ -338,3 +341,30 @@ def test_an_update_that_would_strand_the_readers_of_its_target_is_refused() -> N
     # the last job of the chain has no readers: it may move its target
     (verdict,) = apply_commands(rows, [update(22, C, {"target_table": "moved"})], check_ok).verdicts
     assert verdict.outcome is Outcome.APPLIED
+
+
+def test_a_job_of_a_catalog_with_an_old_collision_still_updates_keeping_its_target() -> None:
+    # two writers of db.eu_x_all, from before one writer per target was the rule
+    first, second = key("eu", "x_all"), key("eu_x", "all")
+    rows = list(apply_commands([], [register(1, first, spec())], check_ok).upserts.values())
+    rows += list(apply_commands([], [register(2, second, spec())], check_ok).upserts.values())
+    (verdict,) = apply_commands(
+        rows, [update(3, second, {"primary_key": ["id", "v"]})], check_ok
+    ).verdicts
+    assert verdict.outcome is Outcome.APPLIED, verdict.detail
+    (verdict,) = apply_commands(
+        rows, [update(4, second, {"target_table": "own"})], check_ok
+    ).verdicts
+    assert verdict.outcome is Outcome.APPLIED, verdict.detail  # and may move off it
+
+
+def test_another_accounts_table_is_found_whatever_the_case_of_its_name() -> None:
+    rows = list(apply_commands([], [register(1, A, spec())], check_ok).upserts.values())
+    # account 7 would write DB.A, account 0's source
+    intruder = JobKey(7, "other", "t", "w")
+    (verdict,) = apply_commands(
+        rows, [register(2, intruder, spec(target_database="DB", target_table="A"))], check_ok
+    ).verdicts
+    assert verdict.outcome is Outcome.REJECTED
+    assert verdict.error_code == ErrorCode.TARGET_NOT_ALLOWED
+    assert str(A) not in verdict.detail  # account 0's job is not named to account 7

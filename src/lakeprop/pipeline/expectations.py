@@ -171,4 +171,5 @@ def keeping(rules: Sequence[Expectation]) -> str | None:
     drops = [r for r in rules if r.action == DROP and r.check is not None]
     if not drops:
         return None
-    return " AND ".join(f"coalesce(({r.check}), false)" for r in drops)
+    # each check on a line of its own: a check may end in a ``--`` comment
+    return " AND ".join(f"coalesce(({r.check}\n), false)" for r in drops)

@@ -145,12 +145,13 @@ class _Applying:
             )
 
     def keeps_readers(self, key: JobKey, spec: JobSpec) -> None:
-        """Raise when ``key`` with ``spec`` would stop writing a table other jobs read
-        (another target, or none: a Kafka feed), as an unregister of it would."""
+        """Raise when ``key`` with ``spec`` would stop writing a table other jobs of its
+        account read (another target, or none: a Kafka feed), as an unregister of it
+        would. Other accounts' readers keep reading the table as it was left."""
         old = self.graph.nodes.get(key)
         if old is None or old.target is None or self.graph.node_for(key, spec).target == old.target:
             return
-        readers = self.graph.downstream(key)
+        readers = [k for k in self.graph.downstream(key) if k.account_id == key.account_id]
         if readers:
             raise PipelineError(
                 f"job {key} would stop writing {old.target[0]}.{old.target[1]}, which "
@@ -280,16 +281,11 @@ def _update_spec(
         merged = JobSpec.from_json(merge_spec(json.loads(live.job_spec), cmd.spec_update))
     if prior is None:
         old = ctx.graph.nodes.get(cmd.key)
-        ctx.tenants.admit(
-            cmd.key,
-            merged,
-            ctx.census,
-            new_job=False,
-            keeps_target=old is not None
-            and old.target == ctx.graph.node_for(cmd.key, merged).target,
-        )
+        keeps = old is not None and old.target == ctx.graph.node_for(cmd.key, merged).target
+        ctx.tenants.admit(cmd.key, merged, ctx.census, new_job=False, keeps_target=keeps)
         ctx.acyclic(cmd.key, merged)
-        ctx.sole_writer(cmd.key, merged)
+        if not keeps:  # a job keeps the target it has (a catalog may hold an old collision)
+            ctx.sole_writer(cmd.key, merged)
         ctx.keeps_readers(cmd.key, merged)
         ctx.check(cmd.key, merged)
     ctx.graph.add(cmd.key, merged)
