@@ -81,11 +81,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterato
     over ``s3a://`` (and over ``s3://``, mapped to S3A without lakeprop's log store:
     a scheme whose commits do not exclude other writers)."""
     server = LocalS3(tmp_path_factory.mktemp("s3")).start()
-    with_hadoop_conf(
-        spark,
-        {**server.hadoop_conf(), **S3_AS_S3A_WITHOUT_LOG_STORE},
-    )
-    try:
+    try:  # the server stops whatever fails after it started
+        with_hadoop_conf(spark, {**server.hadoop_conf(), **S3_AS_S3A_WITHOUT_LOG_STORE})
         yield server
     finally:
         server.stop()

@@ -211,13 +211,22 @@ class LocalKafka:
             if _port_open(self.port):
                 try:
                     metadata = admin.list_topics(timeout=2)
-                    if metadata.brokers:
+                    # ours, not another broker that took the port first (parallel tests)
+                    if metadata.brokers and metadata.cluster_id == self._cluster_id():
                         return
                 except Exception:  # not ready yet; KafkaException while it boots
                     pass
             time.sleep(0.3)
         self.stop()
         raise BrokerError(f"broker not ready after {timeout:.0f}s: {self._tail()}")
+
+    def _cluster_id(self) -> str | None:
+        """The cluster id the data directory was formatted with."""
+        meta = self.data_dir / "logs" / "meta.properties"
+        for line in meta.read_text().splitlines():
+            if line.startswith("cluster.id="):
+                return line.split("=", 1)[1].strip()
+        return None
 
     def _tail(self, lines: int = 20) -> str:
         text = ""
