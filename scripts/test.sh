@@ -7,15 +7,16 @@
 #   floor    the unit tests and the integration tests marked `floor` (the engine,
 #            the consumers, recovery, a chaos round) on the floor stack.
 #
-# Each job runs its tests in two parts: first every test but those marked
-# `processes` on parallel workers (pytest-xdist, one per core, at most four: each
+# Each job runs its tests in one pytest run, the tests marked `processes` (each runs
+# service processes of its own) last. With LAKEPROP_TEST_WORKERS=N (N > 1) it runs
+# them in two parts: every test but those on N parallel workers (pytest-xdist: each
 # has its own Spark session, broker and directories), then the `processes` tests
-# (each runs service processes of its own) one after another.
+# one after another.
 #
 #   ./scripts/test.sh [--stack default|floor|all] [pytest arguments ...]
 #
 # The default is `all`: both jobs, the floor only if the default one passed.
-# Pytest arguments go to both. LAKEPROP_TEST_WORKERS sets the number of workers.
+# Pytest arguments go to both.
 # At the end it prints where the time went (every step of each job); each pytest
 # run prints its own summary (per module, the slowest tests), see devkit/timing.py.
 set -euo pipefail
@@ -32,8 +33,9 @@ if [ "${1:-}" = "--stack" ]; then
   shift 2
 fi
 
-cores=$(nproc 2>/dev/null || echo 2)
-WORKERS="${LAKEPROP_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
+# One worker by default: the suite is CPU-bound, and two workers on two cores ran it
+# slower than one (each worker's session competes for the same cores)
+WORKERS="${LAKEPROP_TEST_WORKERS:-1}"
 TIMES=()
 
 venv_of() { python3 src/lakeprop/stack.py venv "$1"; }
@@ -72,10 +74,15 @@ tests() {
     esac
   done
   local before=$RAN
+  if [ "$WORKERS" -le 1 ]; then  # one run, the `processes` tests last (conftest's order)
+    step "$stack: pytest" \
+      pytest_part "$stack" "$venv" ${only:+-m "${only% and }"} ${args[@]+"${args[@]}"}
+  else
   step "$stack: pytest, parallel" \
     pytest_part "$stack" "$venv" -n "$WORKERS" -m "${only}not processes" ${args[@]+"${args[@]}"}
   step "$stack: pytest, processes" \
     pytest_part "$stack" "$venv" -m "${only}processes" ${args[@]+"${args[@]}"}
+  fi
   if [ "$RAN" -eq "$before" ]; then
     echo "test.sh: the $stack job selected no test at all" >&2
     return 1

@@ -34,19 +34,22 @@ os.environ.setdefault("JDK_JAVA_OPTIONS", " ".join(TEST_JAVA_OPTIONS))
 _RUN_ORDER = ("unit", "integration", "chaos")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` first, the longest first (``slow(seconds=...)``), so that
-    under ``pytest-xdist`` they start at once and the short ones fill the workers
-    in around them; then unit tests (a second, and no JVM), then the integration
-    tests, the chaos tests last."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Unit tests first (a second, and no JVM), then the integration tests, then those
+    that run service processes of their own (``processes``), the chaos tests last:
+    they then find the session's JVM compiled by the tests before them. On parallel
+    workers (``-n``) the tests marked ``slow`` go first instead, the longest first
+    (``slow(seconds=...)``), so that the short ones fill the workers in around them."""
+    parallel = bool(getattr(config.option, "numprocesses", None))
 
-    def rank(item: pytest.Item) -> tuple[float, int]:
+    def rank(item: pytest.Item) -> tuple[float, int, int]:
         part = next(
             (i for i, part in enumerate(_RUN_ORDER) if f"tests/{part}/" in item.nodeid),
             len(_RUN_ORDER),
         )
         slow = item.get_closest_marker("slow")
-        return (-float(slow.kwargs.get("seconds", 30)) if slow else 0.0, part)
+        first = -float(slow.kwargs.get("seconds", 30)) if slow and parallel else 0.0
+        return (first, part, int(item.get_closest_marker("processes") is not None))
 
     items.sort(key=rank)
     for item in items:
