@@ -90,6 +90,17 @@ def target(spark: SparkSession, tables: Tables, name: str) -> DataFrame:
     return tables.handle("qa", name, spark).delta().toDF()
 
 
+def assert_view(spark: SparkSession, tables: Tables, name: str, kept: DataFrame) -> None:
+    """The aggregate view ``name`` is the per-name aggregate of ``kept``, whole."""
+    columns = ["name", *AGGREGATE_COLUMNS]
+    assert_df_equality(
+        target(spark, tables, name).select(*columns),
+        aggregated(kept, ["name"], "amount").select(*columns),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
 def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
@@ -128,13 +139,7 @@ def test_drop_keeps_the_target_to_the_passing_rows_and_quarantines_each_row_once
             now,
             ignore_row_order=True,
         )
-        columns = ["name", *AGGREGATE_COLUMNS]
-        assert_df_equality(
-            target(spark, tables, "orders_totals").select(*columns),
-            aggregated(now, ["name"], "amount").select(*columns),
-            ignore_row_order=True,
-            ignore_nullable=True,
-        )
+        assert_view(spark, tables, "orders_totals", now)
 
     expected = [
         (3, "c", None, "amount_known", first),
@@ -196,13 +201,7 @@ def test_an_extreme_recomputed_from_the_source_sees_only_the_rows_the_rules_keep
         RuleCount("below_1000", "drop", 0)
     ]
     kept = spark.read.format("delta").load(path).where("amount < 1000")
-    columns = ["name", *AGGREGATE_COLUMNS]
-    assert_df_equality(
-        target(spark, tables, "orders_capped").select(*columns),
-        aggregated(kept, ["name"], "amount").select(*columns),
-        ignore_row_order=True,
-        ignore_nullable=True,
-    )
+    assert_view(spark, tables, "orders_capped", kept)
 
 
 def test_a_broken_fail_rule_names_it_and_writes_nothing(
