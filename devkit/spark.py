@@ -55,7 +55,7 @@ at once took more CPU than the work (the three-instance scale-out test: 271 s an
 510 CPU s with it, 173 s and 289 CPU s without). The code cache holds what the
 quick compiler makes of Spark."""
 
-SESSION_JAVA_OPTIONS = "-XX:TieredStopAtLevel=4"
+SESSION_JAVA_OPTIONS = os.environ.get("LAKEPROP_SESSION_JAVA_OPTIONS", "-XX:TieredStopAtLevel=4")
 """The tests' own session, which lives for the whole run and does most of its
 work, compiles fully (its command line overrides :data:`TEST_JAVA_OPTIONS`,
 which reach it through the environment): on the quick compiler alone a worker's

@@ -275,6 +275,20 @@ def jvm_threads(pid: int, top: int = 20) -> list[str]:
     return lines
 
 
+SESSION_NOTES: list[str] = []
+"""Lines the tests' fixtures leave for the summary (the session JVM's own clocks)."""
+
+
+def jvm_clocks(spark: Any) -> str:
+    """How long the session's JVM spent collecting garbage and compiling, from its
+    own management beans: CPU that no test's code asked for."""
+    factory = spark._jvm.java.lang.management.ManagementFactory
+    gc = sum(b.getCollectionTime() for b in factory.getGarbageCollectorMXBeans()) / 1000
+    jit = factory.getCompilationMXBean().getTotalCompilationTime() / 1000
+    heap = factory.getMemoryMXBean().getHeapMemoryUsage().getCommitted() / 2**20
+    return f"session JVM: {gc:.0f} s in GC (pauses), {jit:.0f} s compiling, {heap:.0f} MiB heap"
+
+
 def summary(records: list[Record], wall: float, busy: float, top: int = 12) -> list[str]:
     """The lines printed at the end of a run: the whole, each module, the slowest tests.
 
@@ -293,6 +307,7 @@ def summary(records: list[Record], wall: float, busy: float, top: int = 12) -> l
         f"{sum(r.sleep for r in records):.0f} s slept waiting, "
         f"{sum(r.services for r in records)} service starts, "
         f"{sum(r.processes for r in records)} processes started",
+        *SESSION_NOTES,
         f"{'module':<52} {'tests':>5} {'wall s':>7} {'CPU s':>7} {'slept':>6} {'svc':>4}",
     ]
     by_wall = sorted(modules.items(), key=lambda kv: -sum(r.wall for r in kv[1]))

@@ -6,6 +6,7 @@ share the session and the broker without seeing each other's data.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -75,6 +76,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     try:
         yield session
     finally:
+        from devkit import timing  # loaded by pytest_plugins, after this module
+
+        with contextlib.suppress(Exception):  # a JVM already gone reports nothing
+            timing.SESSION_NOTES.append(timing.jvm_clocks(session))
         session.stop()
 
 
