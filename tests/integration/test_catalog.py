@@ -222,6 +222,7 @@ def test_replaying_a_batch_leaves_every_table_equal(
         name: snapshot(table(spark, app_config, name))
         for name in ("catalog", "requests", "rejects")
     }
+    told = verdict_events(spark, app_config)
 
     commits = Path(app_config.state.checkpoint_location) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
@@ -235,6 +236,14 @@ def test_replaying_a_batch_leaves_every_table_equal(
     }
     assert after == before
     assert len(before["catalog"]) == 3 and len(before["rejects"]) == 1
+    # the event table tells each verdict once, however often its batch ran
+    assert verdict_events(spark, app_config) == told
+    assert len(told) == 6 and len({event_id for event_id, _ in told}) == 6
+
+
+def verdict_events(spark: SparkSession, config: AppConfig) -> list[tuple[str, str]]:
+    events = table(spark, config, "events").where("kind = 'verdict'")
+    return sorted((r["event_id"], r["message"]) for r in events.collect())
 
 
 def test_a_replay_keeps_the_verdict_recorded_before_the_crash(

@@ -150,8 +150,16 @@ def assert_the_events_tell_the_story(
     """The event table holds the verdicts, every iteration, and the rule's counts
     (written at the stop, for the last ones); a notebook reads it."""
     events = spark.read.format("delta").load(f"{config.state.location}/events")
-    frame = Notebook(spark, config, client).events("verdict")
+    notebook = Notebook(spark, config, client)
+    frame = notebook.events("verdict")
     assert list(frame["job_name"]) == [key.job_name for key, _ in CHAIN]
+    # one job's newest, and a time range: the filters hold
+    last = notebook.events(job=TOTALS, limit=1)
+    assert len(last) == 1 and list(last["job_name"]) == ["totals"]
+    assert last["at"].iloc[0] == notebook.events(job=TOTALS, limit=None)["at"].max()
+    first = frame["at"].iloc[0].to_pydatetime()
+    assert notebook.events("verdict", until=first).empty
+    assert len(notebook.events("verdict", since=first)) == len(CHAIN)
     verdicts = events.where("kind = 'verdict'").select("job_name", "message").collect()
     assert sorted(verdicts) == sorted(
         (key.job_name, "register applied: registered") for key, _ in CHAIN

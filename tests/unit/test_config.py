@@ -116,7 +116,7 @@ def test_every_setting_is_converted_by_its_field_not_by_its_name() -> None:
     field keeps its conversion."""
     settings = _sections(AppConfig)
     durations = [name for name, f, _ in settings if is_duration(f)]
-    assert len(durations) == 18
+    assert len(durations) == 19
     given = {name: '"2m"' for name in durations} | {"cluster.session_timeout": '"6m"'}
     config = load_config(overrides=given)
     for name in set(durations) - {"cluster.session_timeout"}:

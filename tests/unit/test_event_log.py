@@ -1,5 +1,6 @@
-"""The event table's writer: rows held in memory, appended on a thread of their own at
-most once per interval, and what is left at a stop (no Spark: a table that records)."""
+"""The event table's writer: rows held in memory, appended on a thread of their own
+once an interval and what is left at a stop; events that may be in the table already
+inserted where their id is not (no Spark: a table that records)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 
-from lakeprop.service.events import EventLog
+from devkit.waiting import assert_eventually
+from lakeprop.service.events import SWEEP_INTERVAL, EventLog
 from lakeprop.service.observer import BatchTimings
 from lakeprop.state.events import EventRecord, EventTable
 
 
 class Recording(EventTable):
-    """An event table that keeps each append; the first one waits for ``go``."""
+    """An event table that keeps each write; each waits for ``go``."""
 
     def __init__(self) -> None:
         self.appends: list[list[EventRecord]] = []
+        self.inserts: list[list[EventRecord]] = []
+        self.deletes: list[datetime] = []
         self.go = threading.Event()
         self.failures = 0
 
@@ -27,41 +31,76 @@ class Recording(EventTable):
             raise OSError("storage unreachable")
         self.appends.append(list(events))
 
+    def insert_new(self, events: Sequence[EventRecord]) -> None:
+        self.go.wait(30)
+        self.inserts.append(list(events))
+
+    def delete_before(self, cutoff: datetime) -> None:
+        self.deletes.append(cutoff)
+
 
 def event(n: int) -> EventRecord:
-    return EventRecord(at=datetime(2026, 11, 29), kind="verdict", level="INFO", message=str(n))
+    return EventRecord(
+        at=datetime(2026, 11, 29), kind="verdict", level="INFO", message=str(n), event_id=str(n)
+    )
 
 
-def test_events_are_appended_once_an_interval_off_the_runner_thread_and_at_a_stop() -> None:
-    now = [0.0]
+def messages(writes: list[list[EventRecord]]) -> list[list[str]]:
+    return [[e.message for e in rows] for rows in writes]
+
+
+def test_events_are_appended_once_an_interval_on_a_thread_of_their_own_and_at_a_stop() -> None:
     table = Recording()
-    log = EventLog(table, flush_interval=10.0, instance="a", clock=lambda: now[0])
+    log = EventLog(table, flush_interval=0.01, instance="a").start()
     log._add([event(1)])
-    log.batch(BatchTimings(1), None)  # within the interval: nothing
-    assert log._flushing is None
+    log.batch(BatchTimings(1), None)  # a micro-batch's end appends nothing itself
+    table.go.set()  # no micro-batch follows: the interval's thread appends
 
-    now[0] = 10.0
-    log.batch(BatchTimings(2), None)  # the append starts, and waits on the table
-    running = log._flushing
-    assert running is not None and running.is_alive()
+    def appended() -> None:
+        assert messages(table.appends) == [["1"]]
+
+    assert_eventually(appended, timeout=10)
     log._add([event(2)])
-    now[0] = 25.0
-    log.batch(BatchTimings(3), None)  # still appending: no second append beside it
-    assert log._flushing is running
-
-    table.go.set()
-    assert log.close() == 1  # the first append ends, then the rest goes
-    assert [[e.message for e in rows] for rows in table.appends] == [["1"], ["2"]]
+    log.close()  # the thread ends; what is left goes
+    assert messages(table.appends)[-1] == ["2"] and table.inserts == []
     assert {e.instance for rows in table.appends for e in rows} == {"a"}
 
 
-def test_a_failed_append_keeps_its_rows_for_the_next() -> None:
+def test_a_failed_append_is_retried_as_rows_the_table_may_hold() -> None:
     table = Recording()
     table.go.set()
     table.failures = 1
     log = EventLog(table, flush_interval=10.0)
     log._add([event(1), event(2)])
-    assert log.flush() == 0
+    assert log.flush() == 0  # the commit may have landed all the same
     log._add([event(3)])
     assert log.flush() == 3
-    assert [e.message for e in table.appends[0]] == ["1", "2", "3"]
+    assert table.appends == [] and messages(table.inserts) == [["1", "2", "3"]]
+
+
+def test_replayed_verdicts_are_inserted_where_their_id_is_not() -> None:
+    table = Recording()
+    table.go.set()
+    log = EventLog(table, flush_interval=10.0)
+    log._add([event(1)])
+    assert log.flush() == 1
+    log._add([event(1)], uncertain=True)  # a replay of the same message
+    log._add([event(2)])
+    assert log.flush() == 2
+    assert messages(table.appends) == [["1"]] and messages(table.inserts) == [["1", "2"]]
+
+
+def test_events_past_the_retention_are_deleted_once_an_hour() -> None:
+    now = [1_000_000.0]
+    table = Recording()
+    log = EventLog(table, flush_interval=10.0, clock=lambda: now[0], retention=86400.0)
+    assert log.sweep()
+    now[0] += SWEEP_INTERVAL / 2
+    assert not log.sweep()
+    now[0] += SWEEP_INTERVAL
+    assert log.sweep()
+    assert table.deletes == [
+        datetime.fromtimestamp(1_000_000.0 - 86400.0),
+        datetime.fromtimestamp(now[0] - 86400.0),
+    ]
+    assert not EventLog(table, flush_interval=10.0).sweep()  # no retention: kept for ever

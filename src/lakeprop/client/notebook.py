@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +114,39 @@ class Notebook:
         """The rejected change log messages with their reasons, oldest first."""
         return self._by_log_time(self._table(REJECTS_TABLE).drop("payload"))
 
-    def events(self, kind: str | None = None) -> pd.DataFrame:
+    def events(
+        self,
+        kind: str | None = None,
+        *,
+        job: JobKey | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = 1000,
+    ) -> pd.DataFrame:
         """The event table (iterations, job errors, expectation counts, verdicts),
-        oldest first; ``kind`` keeps one kind."""
+        oldest first: ``kind`` keeps one kind, ``job`` one job's events, ``since``
+        and ``until`` a time range (``until`` excluded); ``limit`` keeps the newest
+        that many (None: all). The filters reach the Delta scan, so that files of
+        other times are skipped."""
         events = self._table(EVENTS_TABLE)
+        conditions = []
         if kind is not None:
-            events = events.where(F.col("kind") == kind)
+            conditions.append(F.col("kind") == kind)
+        if job is not None:
+            conditions += [
+                F.col("account_id") == job.account_id,
+                F.col("database") == job.database,
+                F.col("table") == job.table,
+                F.col("job_name") == job.job_name,
+            ]
+        if since is not None:
+            conditions.append(F.col("at") >= F.lit(since))
+        if until is not None:
+            conditions.append(F.col("at") < F.lit(until))
+        for condition in conditions:
+            events = events.where(condition)
+        if limit is not None:
+            events = events.orderBy(F.col("at").desc()).limit(limit)
         frame = pd.DataFrame([r.asDict() for r in events.collect()], columns=events.columns)
         return frame.sort_values("at", ignore_index=True)
 

@@ -339,10 +339,15 @@ class EventsConfig:
     enabled: bool = True
     """Write the event table."""
     flush_interval: float = duration(10.0)
-    """Events are appended in one commit at most this often (and at a stop)."""
+    """Events are appended in one commit this often (and at a stop), on a thread of
+    their own: an event reaches the table within it, whether or not a micro-batch
+    follows."""
+    retention: float = duration(30 * 86400.0)
+    """Events older than this are deleted, once an hour."""
 
     def __post_init__(self) -> None:
         positive(self.flush_interval, "events.flush_interval")
+        positive(self.retention, "events.retention")
 
 
 @dataclass(frozen=True)

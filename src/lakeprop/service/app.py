@@ -227,7 +227,8 @@ class PropagationApp:
             EventTable(self.spark, config.state.table_path(EVENTS_TABLE)),
             config.events.flush_interval,
             instance=config.cluster.instance() if config.cluster.enabled else None,
-        )
+            retention=config.events.retention,
+        ).start()
 
     def _metrics(self) -> Metrics | None:
         """The Prometheus metrics, when configured (the package is imported only then)."""

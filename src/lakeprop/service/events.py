@@ -5,9 +5,16 @@ each finished iteration, job error, expectation count and verdict becomes an
 :class:`~lakeprop.state.events.EventRecord` in memory, and the rows go to the
 table in one append every ``flush_interval`` seconds and at a stop, so that a
 busy service pays one small commit every few seconds, not one a micro-batch.
-The append runs on a thread of its own (started by the first micro-batch after
-the interval), so that a large one (a bulk of registrations makes one verdict
-each) never holds a micro-batch up.
+The appends run on a thread of their own, on their own interval (an error
+event reaches the table within it even when no micro-batch follows), so that
+a large one (a bulk of registrations makes one verdict each) never holds a
+micro-batch up.
+
+Each event is written once. Every event has an id made of what it is about (a
+log message's coordinates, an iteration and its job), never of when it was
+made. Events that may be in the table already (the verdicts of a replayed
+micro-batch or of a slot taken over, the rows of an append that failed) are
+inserted only where their id is not; the rest, nearly all, are a blind append.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ from lakeprop.state.outcomes import Outcome, Verdict
 
 log = logging.getLogger(__name__)
 
+SWEEP_INTERVAL = 3600.0
+"""How often the events past ``events.retention`` are deleted."""
+
 
 class EventLog:
     """Buffers the runner's events and appends them to the event table."""
@@ -48,66 +58,106 @@ class EventLog:
         flush_interval: float,
         instance: str | None = None,
         clock: Callable[[], float] | None = None,
+        retention: float | None = None,
     ) -> None:
         self.table = table
         self.flush_interval = flush_interval
+        self.retention = retention
+        """Seconds events are kept (None: for ever)."""
+        self._swept_at: float | None = None
         self.instance = instance
         self.clock = clock or time.time
         self._pending: list[EventRecord] = []
+        """Events new to the table: a blind append."""
+        self._uncertain: list[EventRecord] = []
+        """Events the table may hold already: inserted where their id is not."""
         self._lock = threading.Lock()
         self._flushed_at = self.clock()
+        self._stopping = threading.Event()
         self._flushing: threading.Thread | None = None
+
+    def start(self) -> EventLog:
+        """Start appending once an interval, on a thread of its own."""
+        if self._flushing is None:
+            self._flushing = threading.Thread(
+                target=self._every_interval, name="lakeprop-events", daemon=True
+            )
+            self._flushing.start()
+        return self
+
+    def _every_interval(self) -> None:
+        while not self._stopping.wait(self.flush_interval):
+            self.flush()
+            self.sweep()
+
+    def sweep(self) -> bool:
+        """Delete the events past the retention, once an hour; whether it did."""
+        now = self.clock()
+        if self.retention is None or (
+            self._swept_at is not None and now - self._swept_at < SWEEP_INTERVAL
+        ):
+            return False
+        self._swept_at = now
+        try:
+            self.table.delete_before(datetime.fromtimestamp(now - self.retention))
+        except Exception as exc:
+            log.warning("event table retention: %s", exc)
+        return True
 
     # -- the observer -------------------------------------------------------------------
 
     def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
-        if self.clock() - self._flushed_at < self.flush_interval:
-            return
-        if self._flushing is not None and self._flushing.is_alive():
-            return  # the last append still runs: the rows wait for the next one
-        self._flushed_at = self.clock()
-        self._flushing = threading.Thread(target=self.flush, name="lakeprop-events", daemon=True)
-        self._flushing.start()
+        pass
 
     def results(self, results: Sequence[IterationResult]) -> None:
         self._add([event for result in results for event in iteration_events(result)])
 
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
-        self._add([verdict_event(v) for v in verdicts])
+    def verdicts(self, verdicts: Sequence[Verdict], replayed: bool = False) -> None:
+        self._add([verdict_event(v) for v in verdicts], uncertain=replayed)
 
     def handover(self, handover: SlotChanges) -> None:
         pass
 
     # -- the table ----------------------------------------------------------------------
 
-    def _add(self, events: list[EventRecord]) -> None:
+    def _add(self, events: list[EventRecord], uncertain: bool = False) -> None:
         if self.instance is not None:
             events = [_owned(e, self.instance) for e in events]
         with self._lock:
-            self._pending += events
+            if uncertain:
+                self._uncertain += events
+            else:
+                self._pending += events
 
     def close(self) -> int:
-        """At a stop: wait for an append under way, then append the rest."""
+        """At a stop: end the interval's thread (an append under way finishes),
+        then append the rest."""
+        self._stopping.set()
         if self._flushing is not None:
             self._flushing.join()
         return self.flush()
 
     def flush(self) -> int:
-        """Append what is pending; the rows appended. A failed append keeps them for
-        the next flush (events are not worth stopping the service for)."""
+        """Append what is pending; the rows written. A failed append keeps them for
+        the next flush, as rows the table may hold already (the commit may have
+        landed): events are not worth stopping the service for."""
         with self._lock:
             pending, self._pending = self._pending, []
+            uncertain, self._uncertain = self._uncertain, []
         self._flushed_at = self.clock()
-        if not pending:
+        if not pending and not uncertain:
             return 0
         try:
-            self.table.append(pending)
+            if uncertain:  # rare (a replay, a handover, a failed append): one MERGE
+                self.table.insert_new(uncertain + pending)
+            else:
+                self.table.append(pending)
         except Exception as exc:
             log.warning("event table append of %d row(s) failed: %s", len(pending), exc)
             with self._lock:
-                self._pending = pending + self._pending
+                self._uncertain = uncertain + pending + self._uncertain
             return 0
-        return len(pending)
+        return len(pending) + len(uncertain)
 
 
 def _owned(event: EventRecord, instance: str) -> EventRecord:
@@ -130,6 +180,7 @@ def iteration_events(result: IterationResult) -> list[EventRecord]:
     base = EventRecord(
         at=at,
         kind=ITERATION,
+        event_id=f"{ITERATION}/{plan.iteration_id}",
         level=level,
         message="",
         account_id=table.account_id,
@@ -167,10 +218,12 @@ def iteration_events(result: IterationResult) -> list[EventRecord]:
             job_id=member.job_id,
             iteration_id=plan.iteration_id,
         )
+        of_job = f"{plan.iteration_id}/{member.job_id}"
         if not member.ok:
             events.append(
                 replace(
                     job,
+                    event_id=f"{JOB_ERROR}/{of_job}",
                     kind=JOB_ERROR,
                     level=ERROR,
                     message=member.error_msg[:4000],
@@ -181,6 +234,7 @@ def iteration_events(result: IterationResult) -> list[EventRecord]:
             events.append(
                 replace(
                     job,
+                    event_id=f"{EXPECTATION}/{of_job}/{rule.name}",
                     kind=EXPECTATION,
                     level=WARN if rule.failed else INFO,
                     message=f"expectation {rule.name} ({rule.action}): {rule.failed} failed",
@@ -196,9 +250,11 @@ def verdict_event(verdict: Verdict) -> EventRecord:
     """A verdict on a change log message, as an event."""
     key = verdict.key
     rejected = verdict.outcome is Outcome.REJECTED
+    topic, partition, offset = verdict.coordinates
     return EventRecord(
         at=datetime.now(),
         kind=VERDICT,
+        event_id=f"{VERDICT}/{topic}/{partition}/{offset}/{verdict.request_id or ''}",
         level=WARN if rejected else INFO,
         message=f"{verdict.op or 'message'} {verdict.outcome.value}"
         + (f": {verdict.detail}" if verdict.detail else ""),

@@ -100,6 +100,8 @@ class Handover:
         recorded if it takes the slot over before the owner did (bounded)."""
         self.unsealed: list[Unsealed] = []
         """Slots taken over in this micro-batch, for :meth:`seal`."""
+        self._recorded: list[Verdict] = []
+        """Verdicts :meth:`seal` recorded for the previous owners, until :meth:`recorded`."""
 
     # -- slot changes ---------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class Handover:
                     list(pool.map(parts.fence, paths, [taken.fenced] * len(paths)))
             if taken.verdicts:
                 parts.outcomes.record(taken.verdicts, -1)
+                self._recorded += taken.verdicts
             ownership.adopt(taken.slots)
             self.unsealed.pop(0)
             log.info(
@@ -235,6 +238,12 @@ class Handover:
                 self.ownership.explain(table.database, table.table),
             )
         return kept
+
+    def recorded(self) -> list[Verdict]:
+        """The verdicts recorded at take-overs since the last call (the previous owner
+        may have told them too)."""
+        recorded, self._recorded = self._recorded, []
+        return recorded
 
     def ours(self, verdicts: list[Verdict]) -> list[Verdict]:
         """The verdicts this instance records: those of the tables it serves. The

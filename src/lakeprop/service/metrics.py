@@ -131,7 +131,9 @@ class ServiceMetrics:
                         rule.action,
                     ).inc(rule.failed)
 
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+    def verdicts(self, verdicts: Sequence[Verdict], replayed: bool = False) -> None:
+        if replayed:
+            return  # counted when first told, by whichever instance told it
         for verdict in verdicts:
             self.verdicts_total.labels(verdict.outcome.value).inc()
             if verdict.outcome is Outcome.REJECTED:

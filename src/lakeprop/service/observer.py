@@ -70,7 +70,10 @@ class RunnerObserver(Protocol):
 
     def results(self, results: Sequence[IterationResult]) -> None: ...
 
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None: ...
+    def verdicts(self, verdicts: Sequence[Verdict], replayed: bool = False) -> None:
+        """The verdicts this instance records (those of the slots it serves);
+        ``replayed`` when they may have been told before (a micro-batch run again,
+        a slot taken over from an instance that may have recorded them)."""
 
     def handover(self, handover: SlotChanges) -> None: ...
 
@@ -84,7 +87,7 @@ class Unobserved:
     def results(self, results: Sequence[IterationResult]) -> None:
         pass
 
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+    def verdicts(self, verdicts: Sequence[Verdict], replayed: bool = False) -> None:
         pass
 
     def handover(self, handover: SlotChanges) -> None:
@@ -105,9 +108,9 @@ class Observers:
         for observer in self.observers:
             observer.results(results)
 
-    def verdicts(self, verdicts: Sequence[Verdict]) -> None:
+    def verdicts(self, verdicts: Sequence[Verdict], replayed: bool = False) -> None:
         for observer in self.observers:
-            observer.verdicts(verdicts)
+            observer.verdicts(verdicts, replayed)
 
     def handover(self, handover: SlotChanges) -> None:
         for observer in self.observers:

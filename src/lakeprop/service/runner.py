@@ -242,6 +242,7 @@ class Runner:
                 tick = self.tick() if self.scheduler.started else None
             with timed("fences"):
                 self.handover.seal()
+                self.observer.verdicts(self.handover.recorded(), replayed=True)
             with timed("housekeeping"):
                 self.keep_house()
             with timed("bulk"):
@@ -263,6 +264,7 @@ class Runner:
     def hand_over(self) -> None:
         """Drain, forget and take over slots (:class:`~lakeprop.service.handover.Handover`)."""
         changed = self.handover.run()
+        self.observer.verdicts(self.handover.recorded(), replayed=True)
         if changed is not None:
             self.observer.handover(changed)
 
@@ -375,8 +377,11 @@ class Runner:
         elif bulk and self.bulk is not None:  # after the job messages of the batch
             rows = {**self.catalog.by_id(), **result.upserts}.values()
             verdicts += self.bulk.accept(bulk, rows, self.tenants, recorded)
-        self.outcomes.record(self.handover.ours(verdicts), batch_id)
-        self.observer.verdicts(verdicts)
+        ours = self.handover.ours(verdicts)
+        told = self.outcomes.maybe_recorded([v.coordinates for v in ours], recorded)
+        self.outcomes.record(ours, batch_id)
+        self.observer.verdicts([v for v in ours if v.coordinates not in told])
+        self.observer.verdicts([v for v in ours if v.coordinates in told], replayed=True)
         self.catalog.stage(result.upserts)
         for row_id in result.upserts:
             self.retries.pop(row_id, None)  # an update repairs; a drop forgets

@@ -226,6 +226,16 @@ class OutcomeTables:
         assert self._highest is not None
         return all(offset > self._highest.get((t, p), -1) for t, p, offset in coordinates)
 
+    def maybe_recorded(
+        self, coordinates: Sequence[Coordinates], recorded: Mapping[Coordinates, Any]
+    ) -> set[Coordinates]:
+        """Of these messages' coordinates (before :meth:`record`), those whose verdict
+        may be recorded already: the ones :meth:`recorded` found, or, alone on the
+        state, every one of a micro-batch that is not all new (a replay)."""
+        if not self.shared and not self._all_new(coordinates):
+            return set(coordinates)
+        return set(coordinates).intersection(recorded)
+
     def record(self, verdicts: Sequence[Verdict], batch_id: int) -> None:
         """Write the verdicts of one micro-batch (idempotent)."""
         requests = [
