@@ -16,6 +16,7 @@ from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from devkit.harness import (
     catalog_df,
@@ -40,6 +41,7 @@ from lakeprop.service.stream import changelog_source
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.apply import apply_commands
 from lakeprop.state.catalog import JobCatalog
+from lakeprop.state.events import EVENTS_SCHEMA, EventRecord, EventTable
 from lakeprop.state.status import JobState
 
 pytestmark = pytest.mark.integration
@@ -557,3 +559,25 @@ def test_a_background_flush_never_writes_over_a_later_commit(
     assert stored() == [("a", 7), ("b", None), ("c", None)]
     assert not catalog.behind
     assert latest_version(spark, path) == before + 1  # the commit of c alone
+
+
+def test_an_event_table_of_an_earlier_release_gains_ids_and_each_event_goes_in_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = str(tmp_path / "events")
+    earlier = StructType([f for f in EVENTS_SCHEMA.fields if f.name != "event_id"])
+    old = EventRecord(at=datetime(2026, 1, 1), kind="verdict", level="INFO", message="old")
+    spark.createDataFrame([old.as_tuple()[:-1]], earlier).write.format("delta").save(path)
+    events = EventTable(spark, path)
+    events.ensure()
+    new = EventRecord(
+        at=datetime(2026, 11, 1), kind="verdict", level="INFO", message="new", event_id="v/1"
+    )
+    events.insert_new([new])
+    events.insert_new([new, replace(new, message="again")])  # a replay: already there
+    rows = sorted(
+        (r["message"], r["event_id"]) for r in spark.read.format("delta").load(path).collect()
+    )
+    assert rows == [("new", "v/1"), ("old", None)]
+    events.delete_before(datetime(2026, 6, 1))  # the retention
+    assert [r["message"] for r in spark.read.format("delta").load(path).collect()] == ["new"]

@@ -271,6 +271,17 @@ def test_three_instances_share_the_tables_and_survive_a_kill_a_pause_and_a_rejoi
     killed = {t.split(".")[1] for t in first["i0"].tables}
     assert killed <= {r["table"] for r in runs if not r["owner"].startswith("i0@")}
     assert_nothing_stale_landed(spark, app_config, runs, stopped_at, history_at_resume)
+    assert_each_event_told_once(spark, app_config, fleet.names)
+
+
+def assert_each_event_told_once(spark: SparkSession, config: AppConfig, names: list[str]) -> None:
+    """Three instances read every message of the log: each verdict is in the event
+    table once, told by the instance serving its table, and each iteration once."""
+    events = spark.read.format("delta").load(f"{config.state.location}/events")
+    twice = events.groupBy("event_id").count().where("count > 1").collect()
+    assert twice == [], twice
+    verdicts = events.where("kind = 'verdict'").select("table", "instance").collect()
+    assert verdicts and {r["table"] for r in verdicts} <= set(names)
 
 
 def assert_members_command_lists(

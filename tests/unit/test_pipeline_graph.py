@@ -216,6 +216,14 @@ def test_the_graph_is_drawn_as_text_mermaid_and_dot() -> None:
         "       └─ y (replica, paused) → db.a_x_y",
         "            └─ feed (kafka_changefeed, error) → (no table)",
     ]
+    siblings = graph((A, spec()), (key("a", "z"), spec()), (B, spec()), (key("a_z", "w"), spec()))
+    assert render.text(siblings, lambda k: "replica").splitlines() == [
+        "db.a",
+        "  ├─ x (replica) → db.a_x",
+        "  │    └─ y (replica) → db.a_x_y",
+        "  └─ z (replica) → db.a_z",
+        "       └─ w (replica) → db.a_z_w",
+    ]
     assert render.mermaid(g, label).splitlines() == [
         "flowchart LR",
         '  t0["db.a"]',

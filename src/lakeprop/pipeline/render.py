@@ -43,6 +43,8 @@ def text(graph: Graph, label: Callable[[JobKey], str]) -> str:
     """Each chain as a tree from the tables no drawn job writes::
 
     db.orders
+      ├─ copy (replica, completed) → db.orders_copy
+      │    └─ feed (kafka_changefeed, completed) → (no table)
       └─ cdc (auto_cdc, completed) → db.orders_cdc
            └─ totals (aggregate_view, completed) → db.orders_cdc_totals
     """
@@ -51,20 +53,21 @@ def text(graph: Graph, label: Callable[[JobKey], str]) -> str:
     roots = sorted({n.source for n in graph.nodes.values() if n.source not in written})
     drawn: set[JobKey] = set()
 
-    def walk(table: Table, depth: int) -> None:
-        for key in graph.readers(table):
-            if key in drawn:
-                continue
-            drawn.add(key)
+    def walk(table: Table, indent: str) -> None:
+        readers = [key for key in graph.readers(table) if key not in drawn]
+        drawn.update(readers)
+        for n, key in enumerate(readers):
+            last = n == len(readers) - 1
             node = graph.nodes[key]
             target = "(no table)" if node.target is None else name(node.target)
-            lines.append(f"{'     ' * depth}  └─ {key.job_name} ({label(key)}) → {target}")
+            glyph = "└─" if last else "├─"
+            lines.append(f"{indent}  {glyph} {key.job_name} ({label(key)}) → {target}")
             if node.target is not None:
-                walk(node.target, depth + 1)
+                walk(node.target, indent + ("     " if last else "  │  "))
 
     for root in roots:
         lines.append(name(root))
-        walk(root, 0)
+        walk(root, "")
     return "\n".join(lines)
 
 

@@ -71,7 +71,18 @@ class EventTable:
         self.path = path
 
     def ensure(self) -> None:
-        state.ensure_table(self.spark, self.path, EVENTS_SCHEMA, state.APPEND_LOG_PROPERTIES)
+        if state.ensure_table(self.spark, self.path, EVENTS_SCHEMA, state.APPEND_LOG_PROPERTIES):
+            return
+        if self._has_ids():
+            return
+        try:  # a table of an earlier release: ids from now on
+            self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS (event_id STRING)")
+        except Exception:
+            if not self._has_ids():  # another instance added it meanwhile: fine
+                raise
+
+    def _has_ids(self) -> bool:
+        return "event_id" in self.spark.read.format("delta").load(self.path).columns
 
     def _frame(self, events: Sequence[EventRecord]) -> DataFrame:
         return self.spark.createDataFrame([e.as_tuple() for e in events], EVENTS_SCHEMA)
