@@ -104,3 +104,25 @@ def test_events_past_the_retention_are_deleted_once_an_hour() -> None:
         datetime.fromtimestamp(now[0] - 86400.0),
     ]
     assert not EventLog(table, flush_interval=10.0).sweep()  # no retention: kept for ever
+    follower = EventLog(table, flush_interval=10.0, retention=86400.0, leads=lambda: False)
+    assert not follower.sweep()  # with several instances, the leader sweeps
+
+
+def test_a_flush_before_a_slot_goes_waits_for_an_append_under_way() -> None:
+    table = Recording()
+    log = EventLog(table, flush_interval=10.0)
+    log._add([event(1)])
+    first = threading.Thread(target=log.flush)
+    first.start()  # the interval's append, waiting on the table
+
+    def appending() -> None:
+        assert log._writing.locked()
+
+    assert_eventually(appending, timeout=10)
+    log._add([event(2)])
+    handing = threading.Thread(target=log.handing_over)
+    handing.start()
+    table.go.set()
+    first.join(10)
+    handing.join(10)
+    assert messages(table.appends) == [["1"], ["2"]]  # both in the table before the slot goes

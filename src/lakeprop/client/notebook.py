@@ -124,10 +124,12 @@ class Notebook:
         limit: int | None = 1000,
     ) -> pd.DataFrame:
         """The event table (iterations, job errors, expectation counts, verdicts),
-        oldest first: ``kind`` keeps one kind, ``job`` one job's events, ``since``
-        and ``until`` a time range (``until`` excluded); ``limit`` keeps the newest
-        that many (None: all). The filters reach the Delta scan, so that files of
-        other times are skipped."""
+        oldest first: ``kind`` keeps one kind, ``job`` one job's events (its
+        verdicts, errors and rule counts; an iteration's own row is its table's),
+        ``since`` and ``until`` a time range (``until`` excluded; naive times, as
+        the service's clock writes them); ``limit`` keeps the newest that many
+        (None: all). The filters reach the Delta scan, so that files of other
+        times are skipped."""
         events = self._table(EVENTS_TABLE)
         conditions = []
         if kind is not None:

@@ -228,7 +228,8 @@ class PropagationApp:
             config.events.flush_interval,
             instance=config.cluster.instance() if config.cluster.enabled else None,
             retention=config.events.retention,
-        ).start()
+            leads=self.ownership.leads,
+        )
 
     def _metrics(self) -> Metrics | None:
         """The Prometheus metrics, when configured (the package is imported only then)."""
@@ -340,6 +341,8 @@ class PropagationApp:
         if not self.history.is_new and not self.ownership.clustered:
             self.usage.catch_up()  # with several instances, the leader's refresh does
         self.bulk.load(self.catalog.by_id())
+        if self.events is not None:
+            self.events.start()  # its table exists now
 
     def roll_forward(self) -> int:
         """Advance watermarks the consumers already reached, as the history records.

@@ -59,11 +59,14 @@ class EventLog:
         instance: str | None = None,
         clock: Callable[[], float] | None = None,
         retention: float | None = None,
+        leads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.table = table
         self.flush_interval = flush_interval
         self.retention = retention
         """Seconds events are kept (None: for ever)."""
+        self.leads = leads
+        """Whether this instance applies the retention (with several, the leader)."""
         self._swept_at: float | None = None
         self.instance = instance
         self.clock = clock or time.time
@@ -72,7 +75,8 @@ class EventLog:
         self._uncertain: list[EventRecord] = []
         """Events the table may hold already: inserted where their id is not."""
         self._lock = threading.Lock()
-        self._flushed_at = self.clock()
+        self._writing = threading.Lock()
+        """One append at a time: a flush before a slot goes waits for one under way."""
         self._stopping = threading.Event()
         self._flushing: threading.Thread | None = None
 
@@ -88,13 +92,16 @@ class EventLog:
     def _every_interval(self) -> None:
         while not self._stopping.wait(self.flush_interval):
             self.flush()
-            self.sweep()
+            if not self._stopping.is_set():
+                self.sweep()
 
     def sweep(self) -> bool:
         """Delete the events past the retention, once an hour; whether it did."""
         now = self.clock()
-        if self.retention is None or (
-            self._swept_at is not None and now - self._swept_at < SWEEP_INTERVAL
+        if (
+            self.retention is None
+            or (self._swept_at is not None and now - self._swept_at < SWEEP_INTERVAL)
+            or not self.leads()
         ):
             return False
         self._swept_at = now
@@ -108,6 +115,9 @@ class EventLog:
 
     def batch(self, timings: BatchTimings, tick: TickSummary | None) -> None:
         pass
+
+    def handing_over(self) -> None:
+        self.flush()  # the next owner finds this instance's verdicts in the table
 
     def results(self, results: Sequence[IterationResult]) -> None:
         self._add([event for result in results for event in iteration_events(result)])
@@ -141,23 +151,25 @@ class EventLog:
         """Append what is pending; the rows written. A failed append keeps them for
         the next flush, as rows the table may hold already (the commit may have
         landed): events are not worth stopping the service for."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-            uncertain, self._uncertain = self._uncertain, []
-        self._flushed_at = self.clock()
-        if not pending and not uncertain:
-            return 0
-        try:
-            if uncertain:  # rare (a replay, a handover, a failed append): one MERGE
-                self.table.insert_new(uncertain + pending)
-            else:
-                self.table.append(pending)
-        except Exception as exc:
-            log.warning("event table append of %d row(s) failed: %s", len(pending), exc)
+        with self._writing:
             with self._lock:
-                self._uncertain = uncertain + pending + self._uncertain
-            return 0
-        return len(pending) + len(uncertain)
+                pending, self._pending = self._pending, []
+                uncertain, self._uncertain = self._uncertain, []
+            if not pending and not uncertain:
+                return 0
+            try:
+                if uncertain:  # rare (a replay, a handover, a failed append): one MERGE
+                    self.table.insert_new(uncertain + pending)
+                else:
+                    self.table.append(pending)
+            except Exception as exc:
+                log.warning(
+                    "event table write of %d row(s) failed: %s", len(pending) + len(uncertain), exc
+                )
+                with self._lock:
+                    self._uncertain = uncertain + pending + self._uncertain
+                return 0
+            return len(pending) + len(uncertain)
 
 
 def _owned(event: EventRecord, instance: str) -> EventRecord:

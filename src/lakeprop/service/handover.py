@@ -75,6 +75,8 @@ class HandoverParts:
     fence: Callable[[str, list[shared_state.Signed]], None]
     """Fences writers on a state table (:func:`lakeprop.state.shared.fence`)."""
     drain_wait: float = DRAIN_WAIT
+    told: Callable[[], None] = lambda: None
+    """Writes out what the observers hold (the event table's verdicts) before a slot goes."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class Handover:
             )
         parts.record_results()
         parts.catalog.flush()
+        parts.told()
         self.ownership.drained(slots, clean=ended)
         log.info("drained slot(s) %s: %d job(s) handed over", sorted(slots), len(refs))
 

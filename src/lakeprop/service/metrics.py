@@ -132,12 +132,13 @@ class ServiceMetrics:
                     ).inc(rule.failed)
 
     def verdicts(self, verdicts: Sequence[Verdict], replayed: bool = False) -> None:
-        if replayed:
-            return  # counted when first told, by whichever instance told it
         for verdict in verdicts:
             self.verdicts_total.labels(verdict.outcome.value).inc()
             if verdict.outcome is Outcome.REJECTED:
                 self.rejects.labels(str(verdict.error_code)).inc()
+
+    def handing_over(self) -> None:
+        pass
 
     def handover(self, handover: SlotChanges) -> None:
         for direction, slots in (

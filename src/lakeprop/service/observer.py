@@ -77,6 +77,9 @@ class RunnerObserver(Protocol):
 
     def handover(self, handover: SlotChanges) -> None: ...
 
+    def handing_over(self) -> None:
+        """Slots are about to go to another instance: write out what is held."""
+
 
 class Unobserved:
     """The observer when nobody watches."""
@@ -91,6 +94,9 @@ class Unobserved:
         pass
 
     def handover(self, handover: SlotChanges) -> None:
+        pass
+
+    def handing_over(self) -> None:
         pass
 
 
@@ -115,3 +121,7 @@ class Observers:
     def handover(self, handover: SlotChanges) -> None:
         for observer in self.observers:
             observer.handover(handover)
+
+    def handing_over(self) -> None:
+        for observer in self.observers:
+            observer.handing_over()

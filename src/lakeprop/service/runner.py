@@ -190,6 +190,7 @@ class Runner:
                 self._forget_retries,
                 functools.partial(shared_state.fence, parts.spark),
                 min(engine.iteration_timeout, DRAIN_WAIT),
+                lambda: self.observer.handing_over(),
             ),
         )
         """The cluster hand-over (:mod:`lakeprop.service.handover`)."""
@@ -378,7 +379,7 @@ class Runner:
             rows = {**self.catalog.by_id(), **result.upserts}.values()
             verdicts += self.bulk.accept(bulk, rows, self.tenants, recorded)
         ours = self.handover.ours(verdicts)
-        told = self.outcomes.maybe_recorded([v.coordinates for v in ours], recorded)
+        told = self.outcomes.maybe_recorded(ours, recorded)
         self.outcomes.record(ours, batch_id)
         self.observer.verdicts([v for v in ours if v.coordinates not in told])
         self.observer.verdicts([v for v in ours if v.coordinates in told], replayed=True)

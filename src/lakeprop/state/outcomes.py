@@ -227,14 +227,18 @@ class OutcomeTables:
         return all(offset > self._highest.get((t, p), -1) for t, p, offset in coordinates)
 
     def maybe_recorded(
-        self, coordinates: Sequence[Coordinates], recorded: Mapping[Coordinates, Any]
+        self, verdicts: Sequence[Verdict], recorded: Mapping[Coordinates, Any]
     ) -> set[Coordinates]:
-        """Of these messages' coordinates (before :meth:`record`), those whose verdict
-        may be recorded already: the ones :meth:`recorded` found, or, alone on the
-        state, every one of a micro-batch that is not all new (a replay)."""
-        if not self.shared and not self._all_new(coordinates):
-            return set(coordinates)
-        return set(coordinates).intersection(recorded)
+        """Of these verdicts (before :meth:`record`), the coordinates of those that
+        may be recorded already: alone on the state, every one of a micro-batch that
+        is not all new (a replay); shared, the ones :meth:`recorded` found, and those
+        without a request id (``recorded`` reads the requests only)."""
+        coordinates = [v.coordinates for v in verdicts]
+        if not self.shared:
+            return set() if self._all_new(coordinates) else set(coordinates)
+        return {
+            v.coordinates for v in verdicts if v.request_id is None or v.coordinates in recorded
+        }
 
     def record(self, verdicts: Sequence[Verdict], batch_id: int) -> None:
         """Write the verdicts of one micro-batch (idempotent)."""
