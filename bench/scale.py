@@ -38,8 +38,8 @@ from pyspark.sql import SparkSession
 from bench.common import Figure, Result, app_config, peak_rss_mb, percentile
 from devkit.harness import cdf_table
 from lakeprop.config import AppConfig
+from lakeprop.engine.selection import SELECTION_JOB_GROUP
 from lakeprop.service.app import PropagationApp
-from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import EMPTY_STATUS, JobState

@@ -52,6 +52,11 @@ from lakeprop.kafka import create_topic
 from lakeprop.spec import JobKey, JobSpec
 
 ENVELOPE_VERSION = 1
+JOB_PARTITION = 0
+"""The change-log partition every job message goes to. One partition is one order:
+the pipeline graph (cycles, one writer per target, readers left behind) is decided
+message by message, and in a cluster every instance must decide each message the
+same way whatever its micro-batches held (decision 0012)."""
 MAX_REQUEST_ID_LENGTH = 128
 
 

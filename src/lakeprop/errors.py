@@ -39,6 +39,7 @@ class ErrorCode(IntEnum):
     UNKNOWN_CONSUMER = 10105
     INVALID_CONSUMER_OPTIONS = 10106
     MESSAGE_TOO_LARGE = 10107
+    OFF_THE_JOB_PARTITION = 10108
     SOURCE_NOT_DELTA = 10200
     SOURCE_COLUMN_MISSING = 10201
     SOURCE_REPLACED = 10202
@@ -90,6 +91,9 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.UNKNOWN_CONSUMER: "a job spec names a consumer type that cannot be found",
     ErrorCode.INVALID_CONSUMER_OPTIONS: "a consumer's options do not validate",
     ErrorCode.MESSAGE_TOO_LARGE: "a change-log message is larger than `kafka.max_message_bytes`",
+    ErrorCode.OFF_THE_JOB_PARTITION: "a job message on a change-log partition other than "
+    "the job partition (0), read by a service with `cluster.enabled`: every instance "
+    "decides the pipeline graph in one order",
     ErrorCode.SOURCE_NOT_DELTA: "the source table is missing or not a Delta table",
     ErrorCode.SOURCE_COLUMN_MISSING: "the source lacks a column the job's consumer needs",
     ErrorCode.SOURCE_REPLACED: "the source was replaced by a table with a new identity: "

@@ -128,7 +128,7 @@ def test_cli_register_update_status_list_unregister(
     job_id = str(status["job_id"])
     assert capsys.readouterr().out.splitlines() == [
         f"JOB                {'ID'.ljust(len(job_id))}  STATE      WATERMARK  LAG  LAST ERROR",
-        f"3/shop.items/copy  {job_id}  completed  -          -",  # no iteration ran
+        f"3/shop.items/copy  {job_id.ljust(2)}  completed  -          -",  # no iteration ran
     ]
     assert status["state"] == "completed"
     assert status["spec"] == {

@@ -29,7 +29,7 @@ from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.notifier import CommitNotifier
 from lakeprop.config import AppConfig
-from lakeprop.service.runner import SELECTION_JOB_GROUP
+from lakeprop.engine.selection import SELECTION_JOB_GROUP
 from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from lakeprop.bulk.model import BulkOp, Selector, parse_bulk_op
-from lakeprop.changelog import Operation, encode, encode_bulk
+from lakeprop.changelog import JOB_PARTITION, Operation, encode, encode_bulk
 from lakeprop.config import KafkaConfig, NotificationsConfig
 from lakeprop.errors import DeliveryError, InvalidSpecError
 from lakeprop.identifiers import validate_identifier
@@ -210,6 +210,7 @@ class ChangeLogWriter:
         for i, (_, _, message_key, value) in enumerate(messages):
             producer.produce(
                 self.kafka.topic,
+                partition=JOB_PARTITION,  # one order for every instance's graph decisions
                 key=message_key,
                 value=value,
                 on_delivery=lambda err, msg, i=i: delivered.__setitem__(i, (err, msg)),

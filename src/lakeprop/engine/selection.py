@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
@@ -25,6 +27,9 @@ from lakeprop.spec import JobRef, JobSpec
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.status import JobState, JobStatus
 from lakeprop.tables.resolve import Tables
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -337,3 +342,19 @@ class TriggerSelection:
             )
         if failed:
             log.error("job(s) %s: %s", [rows[v.ref].job_id for v in failed], message)
+
+
+SELECTION_JOB_GROUP = "lakeprop-trigger-selection"
+"""Job group of the selection phase: it must never launch a Spark job."""
+
+
+@contextmanager
+def selection_job_group(spark: SparkSession) -> Iterator[None]:
+    """Run selection in its own job group: it must never launch a Spark job."""
+    context = spark.sparkContext
+    context.setJobGroup(SELECTION_JOB_GROUP, "lakeprop trigger selection")
+    try:
+        yield
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]

@@ -31,7 +31,8 @@ from lakeprop.service.events import EventLog
 from lakeprop.service.lock import CheckpointLock
 from lakeprop.service.notices import NoticeListener
 from lakeprop.service.observer import Observers, RunnerObserver, Unobserved
-from lakeprop.service.runner import Runner, RunnerParts
+from lakeprop.service.parts import RunnerParts
+from lakeprop.service.runner import Runner
 from lakeprop.service.stream import ChangelogOffsets, Offsets, start_query
 from lakeprop.service.wake import Waker, wake_topic
 from lakeprop.spec import JobRef

@@ -24,10 +24,10 @@ from lakeprop.config import MetricsConfig
 from lakeprop.engine.model import IterationResult, TableRef
 from lakeprop.engine.ownership import SlotChanges, SlotOwner
 from lakeprop.engine.scheduler import AccountLoad
+from lakeprop.engine.selection import SELECTION_JOB_GROUP
 from lakeprop.service.gauges import AccountGauges, ClusterGauges, JobGauges, QueryProgress
 from lakeprop.service.metric_defs import METRICS, counter, gauge, histogram
 from lakeprop.service.observer import BatchTimings, TickSummary
-from lakeprop.service.runner import SELECTION_JOB_GROUP
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome, Verdict
 

@@ -38,21 +38,16 @@ Only this thread writes the catalog; workers hand their results back.
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
-from lakeprop.bulk.executor import BulkExecutor
 from lakeprop.changelog import BulkCommand, Command, LogRecord
-from lakeprop.config import EngineConfig
-from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.housekeeping import Housekeeping
 from lakeprop.engine.iteration import iteration_work
 from lakeprop.engine.model import (
@@ -60,81 +55,31 @@ from lakeprop.engine.model import (
     IterationPlan,
     IterationResult,
     MemberJob,
-    MemberResult,
     Retry,
 )
 from lakeprop.engine.native import NativeSettings
-from lakeprop.engine.ownership import SoleOwner
-from lakeprop.engine.scheduler import Scheduler
-from lakeprop.engine.selection import Selected, TriggerSelection
+from lakeprop.engine.selection import Selected, TriggerSelection, selection_job_group
 from lakeprop.engine.watermarks import advance
 from lakeprop.faults import fault_point
-from lakeprop.pipeline.freshness import Origins
-from lakeprop.pipeline.graph import Table, table_of, target_of_consumer
+from lakeprop.service.chains import Chains
 from lakeprop.service.handover import DRAIN_WAIT, Handover, HandoverParts
 from lakeprop.service.observer import (
     BatchSummary,
     BatchTimings,
-    RunnerObserver,
     TickSummary,
-    Unobserved,
 )
+from lakeprop.service.parts import RunnerParts
 from lakeprop.service.stopping import BatchGate, quiet_refused_batches
 from lakeprop.service.stream import log_records
 from lakeprop.service.wake import next_batch_at
 from lakeprop.spec import JobRef
 from lakeprop.state import shared as shared_state
-from lakeprop.state.accounts import AccountsTable
-from lakeprop.state.apply import apply_commands, decode_all, not_in_cluster
-from lakeprop.state.catalog import JobCatalog
-from lakeprop.state.history import IterationHistory
+from lakeprop.state.apply import apply_commands, decode_all, not_in_cluster, off_the_job_partition
 from lakeprop.state.job_row import CatalogRow
-from lakeprop.state.outcomes import Outcome, OutcomeTables
+from lakeprop.state.outcomes import Outcome
 from lakeprop.state.status import JobState
-from lakeprop.state.usage import UsageTable
-from lakeprop.storage import Storage
-from lakeprop.tables.resolve import Tables
-from lakeprop.tenants import Tenants
 
 log = logging.getLogger(__name__)
-
-SELECTION_JOB_GROUP = "lakeprop-trigger-selection"
-"""Job group of the selection phase: it must never launch a Spark job."""
-
-
-@dataclass(frozen=True)
-class RunnerParts:
-    """What a runner works with: the worker session, the engine's settings, the
-    state tables, the tables, the scheduler, and the parts a service may leave
-    out (notifications, tenants, usage, accounts, bulk operations, an observer)."""
-
-    spark: SparkSession
-    engine: EngineConfig
-    catalog: JobCatalog
-    outcomes: OutcomeTables
-    tables: Tables
-    history: IterationHistory
-    scheduler: Scheduler
-    max_message_bytes: int
-    clock: Callable[[], float] = time.time
-    dirty: DirtyTables | None = None
-    """Tables announced by commit notifications (None: notifications off)."""
-    tenants: Tenants = field(default_factory=Tenants)
-    usage: UsageTable | None = None
-    accounts: AccountsTable | None = None
-    bulk: BulkExecutor | None = None
-    observer: RunnerObserver = field(default_factory=Unobserved)
-    log_empty: Callable[[int], bool] = lambda _batch_id: False
-    """Whether a micro-batch is known to hold no change log record (then it is not
-    collected: no Spark job); see :class:`~lakeprop.service.stream.ChangelogOffsets`."""
-    ownership: SoleOwner = field(default_factory=SoleOwner)
-    """Which tables this instance serves (all of them, unless ``cluster.enabled``)."""
-    storage: Storage = field(default_factory=Storage)
-    """How delta-rs reaches the tables, and where its commits exclude Spark's."""
-    tick_interval: float = 10.0
-    """How often work with a time runs at most (:func:`~lakeprop.service.wake.next_batch_at`)."""
-    poll_interval: float = 1.0
-    """How often the query polls the broker (the wake of a tick is written that early)."""
 
 
 class Runner:
@@ -177,8 +122,8 @@ class Runner:
         """How small tails run natively (:mod:`lakeprop.engine.native`)."""
         self.ownership = parts.ownership
         self.retries: dict[JobRef, Retry] = {}
-        self.origins = Origins()
-        """What each pipeline table's last write reflects (:mod:`lakeprop.pipeline.freshness`)."""
+        self.chains = Chains(self.selection, parts.tables)
+        """The jobs downstream of what finished (:mod:`lakeprop.service.chains`)."""
         self.handover = Handover(
             parts.ownership,
             HandoverParts(
@@ -282,7 +227,7 @@ class Runner:
             return 0
         rows = self.catalog.by_id()
         names = {r.job_id: r.job_name for r in rows.values()}
-        self._follow_chains(results)
+        self.chains.follow(results)
         records = [r.record(names) for r in results]
         if self.ownership.clustered:
             owner_of = self.ownership.owner_of
@@ -293,7 +238,7 @@ class Runner:
         if self.usage is not None:
             self.usage.recorded(r.ended_at for r in records)
         self.observer.results(results)
-        self._feed_downstream(results)
+        self.chains.feed_downstream(results)
         changed = advance(
             rows,
             results,
@@ -314,47 +259,6 @@ class Runner:
         )
         return len(results)
 
-    def _feed_downstream(self, results: Sequence[IterationResult]) -> None:
-        """Make the jobs that read what these iterations wrote due at the next tick
-        (the scheduler's ``on_done`` has woken the query already): their tables
-        are probed without waiting for a sweep. With notifications off every tick
-        probes every table with a due job, so there is nothing to do."""
-        dirty = self.selection.dirty
-        if dirty is None:
-            return
-        watched = {table_of(*name): name for name in self.selection.watched}
-        for _, member in _written(results):
-            target = _target(member)
-            if target in watched:
-                dirty.touch(watched[target])
-
-    def _follow_chains(self, results: Sequence[IterationResult]) -> None:
-        """Each downstream member's origin, the commit to its chain's first table its
-        write reflects (:mod:`lakeprop.pipeline.freshness`), and the origins the
-        members whose targets others read hand on."""
-        read = {table_of(*name) for name in self.selection.watched}
-        for result, member in _written(results):
-            key = member.ref[0]
-            source, target = table_of(key.database, key.table), _target(member)
-            upstream = self.origins.upstream(source)
-            feeds = target is not None and target in read
-            if upstream is None and not feeds:
-                continue
-            version = result.plan.to_version
-            origin = upstream or self.origins.of(
-                source, functools.partial(self._commit_time, key.database, key.table, version)
-            )
-            member.origin = upstream
-            if feeds and target is not None and origin is not None:
-                self.origins.wrote(target, origin)
-
-    def _commit_time(self, database: str, table: str, version: int) -> float | None:
-        try:
-            return self.tables.probe.commit_time(self.tables.location(database, table), version)
-        except Exception as exc:
-            log.debug("no commit time of %s.%s@%d: %s", database, table, version, exc)
-            return None
-
     # -- 2. the change log --------------------------------------------------------------
 
     def apply_log(self, records: Sequence[LogRecord], batch_id: int) -> BatchSummary:
@@ -364,6 +268,9 @@ class Runner:
         commands, verdicts = decode_all(records, self.max_message_bytes)
         fault_point("batch.decoded")
         recorded = self.outcomes.recorded(records)
+        if self.ownership.clustered:  # one order for the graph (decision 0012)
+            commands, off = off_the_job_partition(commands, recorded)
+            verdicts += off
         result = apply_commands(
             self.catalog.rows(),
             [c for c in commands if isinstance(c, Command)],
@@ -403,7 +310,7 @@ class Runner:
         changed = self._running_now()
         rows = {**self.catalog.by_id(), **changed}
         served = self.handover.served(rows)
-        with _selection_job_group(self.spark):
+        with selection_job_group(self.spark):
             selected = self.selection.select(served, self.scheduler.in_flight(), self.retries, now)
         self.tables_probed += selected.probed
         self._selected = selected
@@ -537,29 +444,3 @@ class Runner:
             if self.bulk.applying:
                 fault_point("bulk.applied")
             self.bulk.finish()
-
-
-@contextmanager
-def _selection_job_group(spark: SparkSession) -> Iterator[None]:
-    """Run selection in its own job group: it must never launch a Spark job."""
-    context = spark.sparkContext
-    context.setJobGroup(SELECTION_JOB_GROUP, "lakeprop trigger selection")
-    try:
-        yield
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-        context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
-
-
-def _written(results: Sequence[IterationResult]) -> Iterator[tuple[IterationResult, MemberResult]]:
-    """The members that wrote their target, with their iteration."""
-    for result in results:
-        for member in result.members:
-            if member.ok and member.consumer_spec:
-                yield result, member
-
-
-def _target(member: MemberResult) -> Table | None:
-    """The table a member wrote that other jobs may read (None: not a table)."""
-    consumer = json.loads(member.consumer_spec)
-    return target_of_consumer(member.ref[0], consumer["type"], consumer.get("options") or {})

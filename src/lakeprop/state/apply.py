@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lakeprop.changelog import BulkCommand, Command, LogRecord, Operation, decode
+from lakeprop.changelog import JOB_PARTITION, BulkCommand, Command, LogRecord, Operation, decode
 from lakeprop.errors import (
     ErrorCode,
     InvalidMessageError,
@@ -69,6 +69,43 @@ def decode_all(
         except InvalidMessageError as exc:
             rejected.append(Verdict.undecodable(record, exc))
     return commands, rejected
+
+
+def off_the_job_partition(
+    commands: Sequence[Command | BulkCommand], recorded: Mapping[Coordinates, RecordedVerdict]
+) -> tuple[list[Command | BulkCommand], list[Verdict]]:
+    """The commands a service with ``cluster.enabled`` applies, and a rejection of each
+    job message on another partition than :data:`~lakeprop.changelog.JOB_PARTITION`
+    that has no verdict recorded yet (one recorded before this rule keeps it).
+
+    Every instance applies every message, each in its own micro-batches, and the
+    pipeline graph's verdicts (a cycle, a second writer, readers left behind) depend
+    on the messages before: only one partition gives every instance the same
+    "before". The rejection depends on the message alone, so it is the same
+    everywhere too."""
+    kept: list[Command | BulkCommand] = []
+    rejected: list[Verdict] = []
+    for command in commands:
+        record = command.record
+        if (
+            isinstance(command, BulkCommand)
+            or record.partition == JOB_PARTITION
+            or (record.topic, record.partition, record.offset) in recorded
+        ):
+            kept.append(command)
+            continue
+        rejected.append(
+            Verdict.of(
+                command,
+                Outcome.REJECTED,
+                f"a job message on partition {record.partition} of {record.topic}: with "
+                f"cluster.enabled every job message goes to partition {JOB_PARTITION}, so that "
+                "every instance decides the pipeline graph in one order (the client and the "
+                "CLI do so; another producer must set the partition)",
+                error_code=ErrorCode.OFF_THE_JOB_PARTITION,
+            )
+        )
+    return kept, rejected
 
 
 def not_in_cluster(command: BulkCommand) -> Verdict:

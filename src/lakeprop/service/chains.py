@@ -1,0 +1,88 @@
+"""A pipeline's next steps, from the iterations that finished (step 1 of the runner).
+
+A finished iteration whose member wrote a table other jobs read makes those jobs
+due at once: their table is probed at the next tick, without waiting for a notice
+or a sweep. Each downstream member also carries its origin, the commit to its
+chain's first table its write reflects (:mod:`lakeprop.pipeline.freshness`), for
+the end-to-end freshness in ``status`` and the event table.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Iterator, Sequence
+
+from lakeprop.engine.model import IterationResult, MemberResult
+from lakeprop.engine.selection import TriggerSelection
+from lakeprop.pipeline.freshness import Origins
+from lakeprop.pipeline.graph import Table, table_of, target_of_consumer
+from lakeprop.tables.resolve import Tables
+
+log = logging.getLogger(__name__)
+
+
+class Chains:
+    """What the runner does for the jobs downstream of the iterations it records."""
+
+    def __init__(self, selection: TriggerSelection, tables: Tables) -> None:
+        self.selection = selection
+        self.tables = tables
+        self.origins = Origins()
+        """What each pipeline table's last write reflects."""
+
+    def follow(self, results: Sequence[IterationResult]) -> None:
+        """Each downstream member's origin, and the origins the members whose
+        targets others read hand on (before the history rows are written: they
+        carry the origins)."""
+        read = {table_of(*name) for name in self.selection.watched}
+        for result, member in _written(results):
+            key = member.ref[0]
+            source, target = table_of(key.database, key.table), _target(member)
+            upstream = self.origins.upstream(source)
+            feeds = target is not None and target in read
+            if upstream is None and not feeds:
+                continue
+            version = result.plan.to_version
+            origin = upstream or self.origins.of(
+                source, functools.partial(self._commit_time, key.database, key.table, version)
+            )
+            member.origin = upstream
+            if feeds and target is not None and origin is not None:
+                self.origins.wrote(target, origin)
+
+    def feed_downstream(self, results: Sequence[IterationResult]) -> None:
+        """Make the jobs that read what these iterations wrote due at the next tick
+        (the scheduler's ``on_done`` has woken the query already): their tables
+        are probed without waiting for a sweep. With notifications off every tick
+        probes every table with a due job, so there is nothing to do."""
+        dirty = self.selection.dirty
+        if dirty is None:
+            return
+        watched = {table_of(*name): name for name in self.selection.watched}
+        for _, member in _written(results):
+            target = _target(member)
+            if target in watched:
+                dirty.touch(watched[target])
+
+    def _commit_time(self, database: str, table: str, version: int) -> float | None:
+        try:
+            return self.tables.probe.commit_time(self.tables.location(database, table), version)
+        except Exception as exc:
+            log.debug("no commit time of %s.%s@%d: %s", database, table, version, exc)
+            return None
+
+
+def _written(results: Sequence[IterationResult]) -> Iterator[tuple[IterationResult, MemberResult]]:
+    """The members that wrote their target, with their iteration."""
+    for result in results:
+        for member in result.members:
+            if member.ok and member.consumer_spec:
+                yield result, member
+
+
+def _target(member: MemberResult) -> Table | None:
+    """The table a member wrote that other jobs may read (None: not a table)."""
+    consumer = json.loads(member.consumer_spec)
+    return target_of_consumer(member.ref[0], consumer["type"], consumer.get("options") or {})
