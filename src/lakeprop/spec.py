@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from lakeprop import expectations
 from lakeprop.errors import InvalidSpecError
 from lakeprop.identifiers import validate_identifier
-from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 
 MAX_ACCOUNT_ID = 2**32 - 1
@@ -169,7 +169,7 @@ class TriggerSpec:
 @dataclass(frozen=True)
 class ConsumerInfo:
     """Which consumer receives the changes, and its options (validated by its type;
-    the ``expectations`` option, any type's, by :mod:`lakeprop.pipeline.expectations`).
+    the ``expectations`` option, any type's, by :mod:`lakeprop.expectations`).
 
     ``generation`` counts the job's resyncs: a resync bumps it, which makes the
     consumer a new one, so no earlier progress counts for it (as after a change

@@ -233,3 +233,82 @@ def test_a_broken_fail_rule_names_it_and_writes_nothing(
         assert not tables.handle("qa", "orders_strict__quarantine", spark).exists()
         DeltaTable.forPath(spark, path).delete("id >= 3 OR name = 'again'")
         start = latest_version(spark, path)  # as a resync after the fix would start
+
+
+EVERY: dict[str, dict[str, Any]] = {
+    "replica": {"primary_key": ["id"]},
+    "secondary_index": {"columns": ["name"], "primary_key": ["id"]},
+    "fulltext_index": {"columns": ["name"], "primary_key": ["id"]},
+    "aggregate_view": {"group_by": ["name"], "aggregates": aggregates_of("amount")},
+    "auto_cdc": {"keys": ["id"], "source_kind": "table", "quarantine": True},
+}
+"""A job of each consumer type that writes tables beside a change feed's (which is
+added with the test's broker)."""
+FOUR_AT_MOST = {"name": "four_at_most", "check": "amount IS NULL OR amount < 4", "action": "drop"}
+
+
+def test_every_consumer_keeps_the_quarantine_contract_over_replays_resyncs_and_rule_changes(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """Each dropped row version is in the quarantine once, over a replayed snapshot (a
+    crash after its writes, before its history row), a replayed tail and a longer
+    one; a resync and a rule change replace what it holds."""
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "qa", "every")
+    rows = [(1, "a", 1.0), (2, "b", None)]
+    spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+    first = latest_version(spark, path)
+
+    every = EVERY | {
+        "kafka_changefeed": {
+            "topic": f"{app_config.kafka.topic}.qa",
+            "bootstrap_servers": app_config.kafka.bootstrap_servers,
+            "primary_key": ["id"],
+        }
+    }
+
+    def jobs(rules: list[dict[str, Any]], generation: int) -> list[tuple[JobKey, int, JobSpec]]:
+        out = []
+        for n, (kind, options) in enumerate(every.items(), start=1):
+            consumer = {"type": kind, "options": {**options, "expectations": rules}}
+            spec = JobSpec.from_json(
+                {"iteration": {"consumer": {**consumer, "generation": generation}}}
+            )
+            out.append((JobKey(1, "qa", "every", kind), n, spec))
+        return out
+
+    def step(rules: list[dict[str, Any]], start: int | None, to: int, generation: int = 0) -> None:
+        kind = IterationKind.SNAPSHOT if start is None else IterationKind.TAIL
+        result = iterate(spark, tables, jobs(rules, generation), kind, start, to, small_rows=1000)
+        assert all(m.ok for m in result.members), [m.error_msg for m in result.members]
+
+    def assert_quarantines(expected: list[tuple[Any, ...]]) -> None:
+        for kind in every:
+            held = target(spark, tables, f"every_{kind}__quarantine").select(*QUARANTINE_COLUMNS)
+            assert_df_equality(
+                held, spark.createDataFrame(expected, held.schema), ignore_row_order=True
+            )
+
+    step([KNOWN], None, first)
+    step([KNOWN], None, first)  # replayed: a crash after the snapshot's writes
+    snapshot = [(2, "b", None, "amount_known", first)]
+    assert_quarantines(snapshot)
+
+    spark.createDataFrame([(3, "c", None), (4, "d", 4.0)], SOURCE_SCHEMA).write.format(
+        "delta"
+    ).mode("append").save(path)
+    second = latest_version(spark, path)
+    step([KNOWN], first, second)
+    step([KNOWN], first, second)  # replayed
+    tail = [*snapshot, (3, "c", None, "amount_known", second)]
+    assert_quarantines(tail)
+
+    # a resync: the new snapshot's dropped rows, and nothing of before
+    step([KNOWN], None, second, generation=1)
+    assert_quarantines(
+        [(2, "b", None, "amount_known", second), (3, "c", None, "amount_known", second)]
+    )
+
+    # a rule change restarts from a snapshot too: what the new rules drop, alone
+    step([FOUR_AT_MOST], None, second, generation=1)
+    assert_quarantines([(4, "d", 4.0, "four_at_most", second)])

@@ -35,6 +35,7 @@ from lakeprop.consumers.base import ConsumerContext
 from lakeprop.consumers.vector_index import VectorError, VectorIndexConsumer, ivf, live_postings
 from lakeprop.consumers.vector_index.builds import BUILDS, Builds
 from lakeprop.consumers.vector_index.versions import IndexTables
+from lakeprop.engine.expect import quarantine
 from lakeprop.errors import InvalidConsumerOptionsError
 from lakeprop.spec import JobKey
 from lakeprop.tables.resolve import Tables
@@ -404,6 +405,8 @@ def test_bad_vectors_fail_naming_keys_or_go_to_quarantine(
         spark, app_config, "bad", {"key": ["id"], "vector": "emb", "quarantine": True}, 8
     )
     assert lenient.snapshot(source, 1) == 1
+    # what the engine does after the consumer's write: the rows it set aside, written
+    quarantine(lenient.context, lenient.context.set_aside, snapshot=True, version=1)
     quarantined = spark.read.format("delta").load(
         f"{app_config.tables.warehouse}/kb/bad_vec__quarantine"
     )

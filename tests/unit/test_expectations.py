@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lakeprop import expectations
 from lakeprop.engine.model import (
     IterationKind,
     IterationPlan,
@@ -18,8 +19,7 @@ from lakeprop.engine.model import (
     TableRef,
 )
 from lakeprop.errors import InvalidConsumerOptionsError
-from lakeprop.pipeline import expectations
-from lakeprop.pipeline.expectations import Expectation
+from lakeprop.expectations import Expectation
 from lakeprop.pipeline.freshness import Origin, Origins
 from lakeprop.service.events import iteration_events
 from lakeprop.spec import JobKey, JobSpec, merge_spec

@@ -1,10 +1,10 @@
 """The package's layers: imports flow one way and never in a circle (no Spark needed).
 
-``cli → client / service → engine → consumers / bulk → tables / state / changes →
-spec / config → errors``: a module may import modules of its own layer or of the
-layers below it, and the two wings of the top (``client`` and ``service``) never
-import each other. Every import counts, including those inside functions and under
-``TYPE_CHECKING``.
+``cli → client / service → engine → consumers / bulk → tables / state / changes /
+pipeline → spec / config / expectations → errors``: a module may import modules of
+its own layer or of the layers below it, and the two wings of the top (``client``
+and ``service``) never import each other. Every import counts, including those
+inside functions and under ``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ LAYERS = {
     "tenants": 1,
     "dev": 1,
     "registry": 1,
-    "pipeline": 1,
+    "expectations": 1,
+    "pipeline": 2,
     "state": 2,
     "changes": 2,
     "tables": 2,

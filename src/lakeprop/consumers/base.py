@@ -113,6 +113,18 @@ class ConsumerContext:
     its consumer type names (``Consumer.key_columns``), by lower-case column
     name; what :meth:`in_change_range` bounds a target by. None where the engine
     did not compute them (a snapshot, a context built outside the engine)."""
+    set_aside: list[DataFrame] = field(default_factory=list, compare=False, hash=False)
+    """What the consumer quarantined (:meth:`quarantine`), for the engine to write."""
+
+    def quarantine(self, rows: DataFrame) -> None:
+        """Set ``rows`` aside to ``<target>__quarantine`` instead of writing them: the
+        source's columns, ``__reason`` and ``__source_version`` (long; the version
+        each row came in, or the snapshot's). The engine writes them after the
+        consumer's write, with the rows the job's rules dropped, in one write that
+        a replay does not repeat and a snapshot replaces the table with
+        (:func:`lakeprop.engine.expect.quarantine`); a consumer never writes the
+        quarantine itself."""
+        self.set_aside.append(rows)
 
     @property
     def txn_app_id(self) -> str:

@@ -1,6 +1,6 @@
 """Expectations, evaluated: what a member's consumer gets once its rules have run.
 
-The rules (:mod:`lakeprop.pipeline.expectations`) run on the member's rows
+The rules (:mod:`lakeprop.expectations`) run on the member's rows
 before its consumer sees them, on the Spark path only (a tail of a job with
 rules never goes the native way):
 
@@ -19,10 +19,9 @@ rules never goes the native way):
   as a key-changing update). The target holds exactly the source's rows that
   keep every ``drop`` rule.
 
-The dropped rows go to ``<target>__quarantine`` after the consumer's write
-(:func:`quarantine`), each once: a tail's append carries the job's
-transaction id and version, and a range applied again after a crash appends
-only the versions the table has not taken yet.
+The dropped rows go to ``<target>__quarantine`` after the consumer's write,
+with whatever the consumer quarantined itself, in one write
+(:func:`quarantine`, which states the contract).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from lakeprop.changes.feed import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
 from lakeprop.changes.latest import LEAVES
 from lakeprop.consumers.base import ConsumerContext
 from lakeprop.errors import ExpectationFailed
-from lakeprop.pipeline.expectations import DROP, FAIL, Expectation
+from lakeprop.expectations import DROP, FAIL, Expectation
 from lakeprop.spec import target_table
 from lakeprop.state.history import RuleCount
 from lakeprop.tables.probe import DeltaLogProbe
@@ -178,19 +177,42 @@ def _unique(
     return RuleCount(rule.name, rule.action, keys)
 
 
-def quarantine(context: ConsumerContext, dropped: DataFrame, snapshot: bool, version: int) -> None:
-    """Append the dropped rows to ``<target>__quarantine``, once (see the module)."""
+def quarantine(
+    context: ConsumerContext, rows: Sequence[DataFrame], snapshot: bool, version: int
+) -> None:
+    """Write what a member's step set aside (the rows its rules dropped, and what its
+    consumer quarantined) to ``<target>__quarantine``, in one write after the
+    consumer's. The contract, for every consumer:
+
+    * each dropped source row version is there once, over replays and crashes: a
+      tail's append carries the job's transaction id and version, and a range
+      applied again after a crash, longer than the first time, appends only the
+      versions the table has not taken yet;
+    * a snapshot replaces the table: a resync, a rule change (a new configuration)
+      and a re-snapshot leave only what the new snapshot set aside. A replayed
+      snapshot at the same version writes nothing again; at a later one it
+      replaces what the first wrote.
+
+    With nothing set aside a tail writes nothing, and a snapshot empties a table
+    that is there."""
     database, table = target_table(context.key, context.options)
     handle = context.locate(database, f"{table}{QUARANTINE}")
-    app_id = f"{context.txn_app_id}-expect" + (f"-s{version}" if snapshot else "")
+    app_id = f"{context.txn_app_id}-expect"
+    if not rows:
+        if not (snapshot and handle.exists()):
+            return
+        rows = [handle.load(handle.reader()).limit(0)]
+    frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), rows)
     if not snapshot and handle.exists():
-        taken = DeltaLogProbe(context.spark).last_transaction(handle.location(), app_id)
-        if taken is not None:
-            dropped = dropped.where(F.col(VERSION) > taken)
+        probe = DeltaLogProbe(context.spark)
+        # the consumer's own id: what a consumer appended before the engine wrote for it
+        taken = [probe.last_transaction(handle.location(), i) for i in (app_id, context.txn_app_id)]
+        if any(t is not None for t in taken):
+            frame = frame.where(F.col(VERSION) > max(t for t in taken if t is not None))
     writer = (
-        dropped.write.format("delta")
-        .mode("append")
-        .option("mergeSchema", "true")
+        frame.write.format("delta")
+        .mode("overwrite" if snapshot else "append")
+        .option("overwriteSchema" if snapshot else "mergeSchema", "true")
         .option("txnAppId", app_id)
         .option("txnVersion", str(version))
     )

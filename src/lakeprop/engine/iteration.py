@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from pyspark.sql import DataFrame, SparkSession
 
+from lakeprop import expectations
 from lakeprop.consumers.base import Consumer
 from lakeprop.engine import changeset, expect
 from lakeprop.engine.changeset import COUNTING_CONFS, ChangeSet, HeldLatest
@@ -47,7 +48,6 @@ from lakeprop.engine.native import (
 )
 from lakeprop.engine.sparkstats import cached_bytes, group_jobs, task_seconds
 from lakeprop.faults import fault_point
-from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 from lakeprop.state.history import RuleCount
 from lakeprop.tables.resolve import TableHandle, Tables
@@ -197,12 +197,21 @@ def _consume(
     )
     rows = changes.data if start is None else changes.after(start)
 
-    def apply(consumer: Consumer, rows: DataFrame) -> int:
-        if start is None:
-            return consumer.snapshot(rows, plan.to_version)
-        return consumer.apply_changes(rows, start, plan.to_version)
-
     rules = expectations.of(context.options)
+    # a job whose rules or consumer may set rows aside: its quarantine is written
+    # (a snapshot empties it) even when nothing is set aside this time
+    quarantines = bool(rules) or context.options.get("quarantine") is True
+
+    def apply(consumer: Consumer, rows: DataFrame, dropped: DataFrame | None = None) -> int:
+        if start is None:
+            written = consumer.snapshot(rows, plan.to_version)
+        else:
+            written = consumer.apply_changes(rows, start, plan.to_version)
+        aside = [*([dropped] if dropped is not None else []), *context.set_aside]
+        if quarantines or aside:
+            expect.quarantine(context, aside, start is None, plan.to_version)
+        return written
+
     where = f"iteration {plan.iteration_id}"
     if not rules:
         return run_member(job, context, token, lambda consumer: apply(consumer, rows), where)
@@ -226,10 +235,9 @@ def _consume(
         # the consumer gets the kept rows alone: their count, and no last changes
         # held for the other members (those are of every row)
         kept = replace(context, change_rows=found.kept, held_latest=None)
-        written = apply(get_consumer_type(context.consumer_type).factory(kept), found.rows)
-        if found.dropped is not None:
-            expect.quarantine(context, found.dropped, start is None, plan.to_version)
-        return written
+        return apply(
+            get_consumer_type(context.consumer_type).factory(kept), found.rows, found.dropped
+        )
 
     member = run_member(job, context, token, guarded, where)
     member.expectations = counts

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lakeprop import expectations
 from lakeprop.changes import CDF_COLUMNS
 from lakeprop.consumers import native
 from lakeprop.consumers.base import Consumer, ConsumerContext
@@ -39,7 +40,6 @@ from lakeprop.engine.model import (
     MemberJob,
 )
 from lakeprop.faults import fault_point
-from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe

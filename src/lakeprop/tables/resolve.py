@@ -19,10 +19,10 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, DataFrameReader, DataFrameWriter, SparkSession
 from pyspark.sql.types import StructType
 
+from lakeprop import expectations
 from lakeprop.config import TablesConfig
 from lakeprop.errors import ErrorCode, SourceTableError, TemporaryError
 from lakeprop.identifiers import qualified
-from lakeprop.pipeline import expectations
 from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.conditions import check_condition

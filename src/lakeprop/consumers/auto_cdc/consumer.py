@@ -26,7 +26,6 @@ from lakeprop.consumers.auto_cdc.scd1 import Scd1, conflict_error
 from lakeprop.consumers.auto_cdc.scd2 import Scd2
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.spec import target_table
-from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY, TableHandle
 
 TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
@@ -82,7 +81,7 @@ class AutoCdcConsumer(Consumer):
         else:
             raw = ev.raw_events(rows, self.options, columns)
         prepared = ev.prepare(raw, self.options, self.source_name, -1, version)
-        self._quarantine(prepared, version, rows.columns, overwrite=True)
+        self._quarantine(prepared, version)
         key_fields = [rows.schema[k] for k in self.options.keys]
         if self.options.scd_type == 1:
             return self._snapshot_scd1(prepared, columns, key_fields, version)
@@ -98,7 +97,7 @@ class AutoCdcConsumer(Consumer):
             return 0
         raw = self._raw_events(changes, columns)
         prepared = ev.prepare(raw, self.options, self.source_name, from_version, to_version)
-        self._quarantine(prepared, to_version, changes.columns, overwrite=False)
+        self._quarantine(prepared, to_version)
         self._evolve(target, prepared.frame, columns)
         if self.options.scd_type == 1:
             return self._apply_scd1(target, prepared, columns, to_version)
@@ -251,41 +250,16 @@ class AutoCdcConsumer(Consumer):
         )
         table.save(writer)
 
-    def _quarantine(
-        self, prepared: ev.Events, version: int, source_columns: list[str], *, overwrite: bool
-    ) -> None:
-        """Rows with a NULL key or sequence, with the reason and their source version.
-
-        A range applied again after a crash, longer than the first time (its end
-        moved on), appends only the rows of versions the table has not taken yet:
-        its last write's transaction version says up to where it has."""
-        table = self.beside(QUARANTINE)
+    def _quarantine(self, prepared: ev.Events, version: int) -> None:
+        """Rows with a NULL key or sequence, with the reason and their source version,
+        set aside for the engine to write (the quarantine contract:
+        :meth:`ConsumerContext.quarantine`)."""
         if prepared.quarantined is None:
-            if overwrite and table.exists():
-                empty = table.load(table.reader()).limit(0)
-                self._create(table, empty, version)
             return
-        del source_columns
         rows = prepared.quarantined.drop(ev.OP)
         if ev.VERSION not in rows.columns:  # a snapshot's rows
             rows = rows.withColumn(ev.VERSION, F.lit(version))
-        rows = rows.withColumn(ev.VERSION, F.col(ev.VERSION).cast("long"))
-        taken = None if overwrite or not table.exists() else self._applied(table)
-        if taken is not None:
-            rows = rows.where(F.col(ev.VERSION) > taken)
-        writer = (
-            rows.write.format("delta")
-            .mode("overwrite" if overwrite else "append")
-            .option("mergeSchema", "true")
-            .options(**self.context.writer_options(version))
-        )
-        table.save(writer)
-
-    def _applied(self, table: TableHandle) -> int | None:
-        """The last source version this job's writes committed to ``table``."""
-        return DeltaLogProbe(self.context.spark).last_transaction(
-            table.location(), self.context.txn_app_id
-        )
+        self.context.quarantine(rows.withColumn(ev.VERSION, F.col(ev.VERSION).cast("long")))
 
     def _evolve(self, target: TableHandle, events: DataFrame, columns: list[str]) -> None:
         """The target (and the event store) follow the source's columns, and the

@@ -40,7 +40,6 @@ from lakeprop.consumers.base import TXN_APP_ID, TXN_VERSION, Consumer, ConsumerC
 from lakeprop.consumers.vector_index import builds, ivf
 from lakeprop.consumers.vector_index.options import NAME, VectorOptions, validate
 from lakeprop.consumers.vector_index.versions import (
-    QUARANTINE,
     IndexTables,
     IndexVersion,
     stored_column,
@@ -266,16 +265,8 @@ class VectorIndexConsumer(Consumer):
         return out if keep_deletes else out.where(F.col(opts.vector).isNotNull())
 
     def _quarantine(self, bad: DataFrame, version: int, found: bool) -> None:
-        if not (found and self.options.quarantine):
-            return
-        writer = (
-            bad.withColumn("__source_version", F.lit(version).cast("long"))
-            .write.format("delta")
-            .mode("append")
-            .option("mergeSchema", "true")
-            .options(**self.context.writer_options(version))
-        )
-        self.tables.beside(QUARANTINE).save(writer)
+        if found and self.options.quarantine:  # the engine writes it (the quarantine contract)
+            self.context.quarantine(bad.withColumn("__source_version", F.lit(version).cast("long")))
 
     def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame:
         """``rows`` with ``list_id`` (the nearest centroid, -1 for a NULL vector) and the
