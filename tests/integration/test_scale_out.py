@@ -47,10 +47,12 @@ from devkit.kafka import produce_raw
 from devkit.waiting import assert_eventually
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
-from lakeprop.config import AppConfig, ClusterConfig
+from lakeprop.config import AppConfig, ClusterConfig, NotificationsConfig
+from lakeprop.kafka import settings as kafka_settings
 from lakeprop.membership.members import Member
 from lakeprop.membership.slots import slot_of
 from lakeprop.membership.topics import ensure_topics
+from lakeprop.notifications import CommitNotice
 from lakeprop.spec import JobKey
 from tests.integration.test_recovery import add_rows
 
@@ -424,3 +426,70 @@ def test_a_new_membership_topic_for_new_slots_keeps_every_catalog_write(
     job = client.get_job_status(key)
     assert job is not None and job.owner is not None
     assert int(job.owner.split("@")[1]) > int(stamped.owner.split("@")[1])
+
+
+@pytest.mark.timeout(600)
+def test_a_write_to_a_table_another_job_reads_is_announced_to_every_instance(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """With notifications on, a chain's next step may be served by another instance,
+    which knows of the write only if it is told: the service announces its own commit
+    to a table another live job reads on the notifications topic (and none to a table
+    no job reads), so that instance starts the step at once, not at its sweep."""
+    config = replace(
+        app_config,
+        cluster=cluster_of(app_config),
+        notifications=NotificationsConfig(
+            enabled=True, topic=f"{app_config.kafka.topic}.commits", sweep_interval=600.0
+        ),
+    )
+    path = cdf_source(spark, config, "n", "src")
+    add_rows(spark, path, range(1, 4))
+    client = LakepropClient(config.kafka, config.state, spark, notifications=config.notifications)
+    replica = {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
+    copy, then = JobKey(1, "n", "src", "copy"), JobKey(1, "n", "src_copy", "next")
+    with running(spark, config):
+        heard = Notices(config)  # the service made the topic
+        client.register_job(copy, replica)
+        target = f"{config.tables.warehouse}/n/src_copy"
+        wait_for_watermark(spark, config, copy, latest_version(spark, path))
+        client.register_job(then, replica)  # once the table it reads is there
+        wait_for_watermark(spark, config, then, latest_version(spark, target))
+        add_rows(spark, path, range(4, 6))
+        client.notify_commit("n", "src", latest_version(spark, path))
+        wait_for_watermark(spark, config, copy, latest_version(spark, path))
+        wrote = latest_version(spark, target)
+        heard.wait_for(("n", "src_copy", wrote))
+        wait_for_watermark(spark, config, then, wrote)
+    assert ("n", "src_copy_next") not in {(d, t) for d, t, _ in heard.seen}  # nobody reads it
+    client.close()
+
+
+class Notices:
+    """The notifications topic, read from its beginning."""
+
+    def __init__(self, config: AppConfig) -> None:
+        from confluent_kafka import Consumer
+
+        self.seen: list[tuple[str, str, int]] = []
+        self.topic = config.notifications.topic
+        self.consumer = Consumer(
+            kafka_settings(
+                config.kafka,
+                {"group.id": f"test-{config.kafka.topic}", "auto.offset.reset": "earliest"},
+            )
+        )
+        self.consumer.subscribe([self.topic])
+
+    def wait_for(self, notice: tuple[str, str, int]) -> None:
+        def heard() -> None:
+            while (message := self.consumer.poll(0.2)) is not None:
+                if message.error() is None:
+                    n = CommitNotice.decode(message.value())
+                    self.seen.append((n.database, n.table, n.version))
+            assert notice in self.seen, self.seen
+
+        try:
+            assert_eventually(heard, timeout=120)
+        finally:
+            self.consumer.close()

@@ -29,7 +29,7 @@ from lakeprop.notifications import CommitNotice
 from lakeprop.service.carry_over import carry_over, starting_offsets
 from lakeprop.service.events import EventLog
 from lakeprop.service.lock import CheckpointLock
-from lakeprop.service.notices import NoticeListener
+from lakeprop.service.notices import NoticeListener, NoticePublisher
 from lakeprop.service.observer import Observers, RunnerObserver, Unobserved
 from lakeprop.service.parts import RunnerParts
 from lakeprop.service.runner import Runner
@@ -173,6 +173,13 @@ class PropagationApp:
             if notifications.enabled
             else None
         )
+        self.publisher = (
+            NoticePublisher(config.kafka, notifications.topic)
+            if notifications.enabled and config.cluster.enabled
+            else None
+        )
+        """The service's own commits to tables other jobs read, told to the other
+        instances (one instance feeds its own downstream jobs directly)."""
         self.metrics = self._metrics()
         self.events = self._events()
         self.offsets = ChangelogOffsets(
@@ -198,6 +205,7 @@ class PropagationApp:
                 observer=self._observer(),
                 log_empty=self.offsets.empty,
                 ownership=self.ownership,
+                announce=self.publisher.publish if self.publisher is not None else None,
                 storage=self.storage,
                 tick_interval=config.tick_interval,
                 poll_interval=config.poll,
@@ -519,6 +527,8 @@ class PropagationApp:
             self.seat.stop()  # leave the group: the others take the slots over now
         if self.notices is not None:
             self.notices.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
         self.waker.stop()
         if self.metrics is not None:
             self.metrics.stop()

@@ -12,12 +12,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from lakeprop.engine.model import IterationResult, MemberResult
 from lakeprop.engine.selection import TriggerSelection
+from lakeprop.notifications import CommitNotice
 from lakeprop.pipeline.freshness import Origins
 from lakeprop.pipeline.graph import Table, table_of, target_of_consumer
+from lakeprop.spec import target_table
+from lakeprop.state.job_row import CatalogRow
 from lakeprop.tables.resolve import Tables
 
 log = logging.getLogger(__name__)
@@ -26,11 +29,45 @@ log = logging.getLogger(__name__)
 class Chains:
     """What the runner does for the jobs downstream of the iterations it records."""
 
-    def __init__(self, selection: TriggerSelection, tables: Tables) -> None:
+    def __init__(
+        self,
+        selection: TriggerSelection,
+        tables: Tables,
+        rows: Callable[[], Iterable[CatalogRow]] = list,
+        announce: Callable[[CommitNotice], None] | None = None,
+    ) -> None:
         self.selection = selection
         self.tables = tables
         self.origins = Origins()
         """What each pipeline table's last write reflects."""
+        self._rows = rows
+        """Every job's catalog row, this instance's and the others'."""
+        self._announce = announce
+        """Where a write to a table other jobs read is announced (None: nowhere)."""
+
+    def announce(self, results: Sequence[IterationResult]) -> None:
+        """A commit notice for each target these iterations wrote that a live job
+        reads, at the target's version now: with several instances the job may be
+        served by another one, which starts it at once."""
+        if self._announce is None:
+            return
+        written = [(m, _target(m)) for _, m in _written(results)]
+        written = [(m, t) for m, t in written if t is not None]
+        if not written:
+            return
+        read = {table_of(r.database, r.table) for r in self._rows() if r.is_live}
+        for member, target in written:
+            if target not in read:
+                continue
+            consumer = json.loads(member.consumer_spec)
+            database, table = target_table(member.ref[0], consumer.get("options") or {})
+            try:
+                version = self.tables.probe.latest_version(self.tables.location(database, table))
+            except Exception as exc:  # a hint: the reader's sweep covers it
+                log.debug("no version of %s.%s to announce: %s", database, table, exc)
+                continue
+            if version is not None:
+                self._announce(CommitNotice(database, table, version))
 
     def follow(self, results: Sequence[IterationResult]) -> None:
         """Each downstream member's origin, and the origins the members whose

@@ -104,3 +104,36 @@ class NoticeListener:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+class NoticePublisher:
+    """The service's own commit notices (with ``cluster.enabled``): a write to a table
+    other live jobs read is announced on the notifications topic, so the instance
+    serving those jobs starts the next step of the chain at once instead of at its
+    next sweep. Produced without waiting (a notice is a hint: one lost costs at most
+    a sweep interval); what is queued is flushed at :meth:`stop`."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        self.kafka = kafka
+        self.topic = topic
+        self.published = 0
+        self._producer: Any = None
+
+    def publish(self, notice: CommitNotice) -> None:
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            self._producer = Producer(settings(self.kafka, defaults={"linger.ms": 0}))
+        key, value = notice.encode()
+        try:
+            self._producer.produce(self.topic, key=key, value=value)
+            self._producer.poll(0)
+            self.published += 1
+        except Exception as exc:  # BufferError, KafkaException: the sweep covers it
+            log.warning("commit notice of %s.%s not sent: %s", notice.database, notice.table, exc)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Send what is queued, then let the producer go (it reconnects for ever)."""
+        if self._producer is not None:
+            self._producer.flush(timeout)
+            self._producer = None

@@ -14,6 +14,7 @@ from lakeprop.config import EngineConfig
 from lakeprop.engine.dirty import DirtyTables
 from lakeprop.engine.ownership import SoleOwner
 from lakeprop.engine.scheduler import Scheduler
+from lakeprop.notifications import CommitNotice
 from lakeprop.service.observer import RunnerObserver, Unobserved
 from lakeprop.state.accounts import AccountsTable
 from lakeprop.state.catalog import JobCatalog
@@ -56,5 +57,8 @@ class RunnerParts:
     """How delta-rs reaches the tables, and where its commits exclude Spark's."""
     tick_interval: float = 10.0
     """How often work with a time runs at most (:func:`~lakeprop.service.wake.next_batch_at`)."""
+    announce: Callable[[CommitNotice], None] | None = None
+    """Where a write to a table other jobs read is announced (with ``cluster.enabled``
+    and notifications on: :class:`~lakeprop.service.notices.NoticePublisher`)."""
     poll_interval: float = 1.0
     """How often the query polls the broker (the wake of a tick is written that early)."""

@@ -122,7 +122,7 @@ class Runner:
         """How small tails run natively (:mod:`lakeprop.engine.native`)."""
         self.ownership = parts.ownership
         self.retries: dict[JobRef, Retry] = {}
-        self.chains = Chains(self.selection, parts.tables)
+        self.chains = Chains(self.selection, parts.tables, parts.catalog.rows, parts.announce)
         """The jobs downstream of what finished (:mod:`lakeprop.service.chains`)."""
         self.handover = Handover(
             parts.ownership,
@@ -239,6 +239,7 @@ class Runner:
             self.usage.recorded(r.ended_at for r in records)
         self.observer.results(results)
         self.chains.feed_downstream(results)
+        self.chains.announce(results)
         changed = advance(
             rows,
             results,
