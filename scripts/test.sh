@@ -128,12 +128,14 @@ floor_times="$ROOT/.cache/floor-job.times"
 floor_beside() {
   mkdir -p "$ROOT/.cache"
   rm -f "$floor_times"
+  set -m  # a process group of its own: an interrupted run stops it whole
   (
     trap 'printf "%s\n" ${TIMES[@]+"${TIMES[@]}"} > "$floor_times"' EXIT
     TIMES=()
     job floor "$@"
   ) > "$floor_log" 2>&1 &
   FLOOR_JOB=$!
+  set +m
 }
 
 # wait_floor: the floor job's end, its output and its times; false when it failed
@@ -149,13 +151,18 @@ wait_floor() {
 
 summary() {
   local rc=$?
-  # a floor job still running (the default job failed) is waited for, not orphaned
-  [ -z "$FLOOR_JOB" ] || wait_floor || true
+  # a floor job still running when the default job failed, or the run was
+  # interrupted, is stopped (its pytest tears its services down) and waited for
+  if [ -n "$FLOOR_JOB" ]; then
+    [ "$rc" -eq 0 ] || kill -INT -- "-$FLOOR_JOB" 2>/dev/null || true
+    wait_floor || true
+  fi
   echo "== test.sh: where the time went" >&2
   printf '   %s\n' ${TIMES[@]+"${TIMES[@]}"} >&2
   return "$rc"
 }
 trap summary EXIT
+trap 'exit 130' INT TERM
 
 if [ "${#STACKS[@]}" -eq 2 ]; then
   floor_beside "$@"

@@ -12,6 +12,7 @@ from devkit.harness import cli_settings, make_source, run_once
 from devkit.kafka import read_topic
 from devkit.specs import replica_spec
 from lakeprop import cli
+from lakeprop.changelog import JOB_PARTITION
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.dev.localkafka import free_port
@@ -48,27 +49,28 @@ def test_an_invalid_spec_fails_in_the_client_before_anything_is_sent(
     assert client._producer is None
 
 
-def test_messages_are_keyed_by_job_so_one_job_stays_on_one_partition(
-    app_config: AppConfig,
-) -> None:
+def test_every_job_message_goes_to_the_job_partition_in_order(app_config: AppConfig) -> None:
     client = LakepropClient(app_config.kafka)
+    other = JobKey(KEY.account_id + 1, "elsewhere", "t", "j")  # keyed elsewhere, same partition
     receipts = [
         client.register_job(KEY, replica_spec()),
+        client.register_job(other, replica_spec()),
         client.unregister_job(KEY),
         client.update_job_spec(KEY, {"iteration": {"priority": 2}}),
     ]
-    assert len({r.partition for r in receipts}) == 1
+    assert {r.partition for r in receipts} == {JOB_PARTITION}
     assert [r.offset for r in receipts] == sorted(r.offset for r in receipts)
 
     got = [
         (key, json.loads(value))
         for _, key, value in read_topic(app_config.kafka.bootstrap_servers, app_config.kafka.topic)
     ]
-    assert [k for k, _ in got] == [KEY.message_key] * 3
+    assert [k for k, _ in got] == [KEY.message_key, other.message_key, *[KEY.message_key] * 2]
     assert [(v["op"], v["request_id"]) for _, v in got] == [
         ("register", receipts[0].request_id),
-        ("unregister", receipts[1].request_id),
-        ("update_spec", receipts[2].request_id),
+        ("register", receipts[1].request_id),
+        ("unregister", receipts[2].request_id),
+        ("update_spec", receipts[3].request_id),
     ]
 
 

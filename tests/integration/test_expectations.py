@@ -312,3 +312,7 @@ def test_every_consumer_keeps_the_quarantine_contract_over_replays_resyncs_and_r
     # a rule change restarts from a snapshot too: what the new rules drop, alone
     step([FOUR_AT_MOST], None, second, generation=1)
     assert_quarantines([(4, "d", 4.0, "four_at_most", second)])
+
+    # and rules taken away: nothing is dropped any more, so nothing stays
+    step([], None, second, generation=1)
+    assert_quarantines([])

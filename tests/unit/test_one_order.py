@@ -13,9 +13,9 @@ from typing import Any
 from lakeprop.changelog import JOB_PARTITION, Command, LogRecord, Operation
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey, JobRef, JobSpec
-from lakeprop.state.apply import apply_commands, off_the_job_partition
+from lakeprop.state.apply import apply_commands
 from lakeprop.state.job_row import CatalogRow
-from lakeprop.state.outcomes import Coordinates, Outcome
+from lakeprop.state.outcomes import Coordinates, Outcome, RecordedVerdict
 
 T0 = datetime(2026, 12, 2, 12, 0, 0)
 PARTITIONS = 3
@@ -102,13 +102,9 @@ def verdicts_of(
     rows: dict[JobRef, CatalogRow] = {}
     seen: dict[Coordinates, tuple[Outcome, int | None]] = {}
     for batch in batches(commands, seed):
-        applied: list[Any] = list(batch)
-        off: list[Any] = []
-        if clustered:
-            applied, off = off_the_job_partition(batch, {})
-        result = apply_commands(rows.values(), applied, check_ok)
+        result = apply_commands(rows.values(), batch, check_ok, one_partition=clustered)
         rows.update(result.upserts)
-        for v in [*off, *result.verdicts]:
+        for v in result.verdicts:
             seen[v.coordinates] = (v.outcome, v.error_code)
     return seen
 
@@ -160,10 +156,21 @@ def test_a_clustered_service_rejects_job_messages_off_the_job_partition_alike() 
     )
 
 
-def test_a_verdict_recorded_before_the_rule_is_kept() -> None:
-    (command,) = [c for c in produced(keyed) if c.record.partition != JOB_PARTITION][:1]
-    coordinates = (command.record.topic, command.record.partition, command.record.offset)
-    kept, rejected = off_the_job_partition([command], {coordinates: object()})  # type: ignore[dict-item]
-    assert kept == [command] and rejected == []
-    kept, rejected = off_the_job_partition([command], {})
-    assert kept == [] and "partition 0" in rejected[0].detail
+def test_a_message_applied_or_recorded_before_the_rule_keeps_its_verdict() -> None:
+    """A replay of what a cluster applied before the rule: a message reflected in the
+    rows, or one whose verdict is recorded, is not rejected now."""
+    off = [c for c in produced(keyed) if c.record.partition != JOB_PARTITION]
+    register = next(c for c in off if c.op is Operation.REGISTER)
+    coordinates = (register.record.topic, register.record.partition, register.record.offset)
+    before = apply_commands([], [register], check_ok)  # a single service applied it
+    (applied,) = before.verdicts
+    assert applied.outcome is Outcome.APPLIED
+    replayed = apply_commands(before.upserts.values(), [register], check_ok, one_partition=True)
+    assert replayed.verdicts == [] and replayed.upserts == {}  # in the rows: skipped
+    recorded = {coordinates: RecordedVerdict(Outcome.APPLIED, applied.job_id, "id-of-x")}
+    again = apply_commands([], [register], check_ok, recorded, one_partition=True)
+    assert [v.outcome for v in again.verdicts] == [Outcome.APPLIED]
+    (rejected,) = apply_commands([], [register], check_ok, one_partition=True).verdicts
+    assert rejected.error_code == ErrorCode.OFF_THE_JOB_PARTITION
+    assert f"partition {register.record.partition}" in rejected.detail
+    assert "partition 0" in rejected.detail

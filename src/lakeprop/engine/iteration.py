@@ -198,9 +198,6 @@ def _consume(
     rows = changes.data if start is None else changes.after(start)
 
     rules = expectations.of(context.options)
-    # a job whose rules or consumer may set rows aside: its quarantine is written
-    # (a snapshot empties it) even when nothing is set aside this time
-    quarantines = bool(rules) or context.options.get("quarantine") is True
 
     def apply(consumer: Consumer, rows: DataFrame, dropped: DataFrame | None = None) -> int:
         if start is None:
@@ -208,7 +205,7 @@ def _consume(
         else:
             written = consumer.apply_changes(rows, start, plan.to_version)
         aside = [*([dropped] if dropped is not None else []), *context.set_aside]
-        if quarantines or aside:
+        if start is None or aside:  # a snapshot empties what an earlier one left
             expect.quarantine(context, aside, start is None, plan.to_version)
         return written
 

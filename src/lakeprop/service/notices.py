@@ -120,16 +120,18 @@ class NoticePublisher:
         self._producer: Any = None
 
     def publish(self, notice: CommitNotice) -> None:
-        if self._producer is None:
-            from confluent_kafka import Producer
-
-            self._producer = Producer(settings(self.kafka, defaults={"linger.ms": 0}))
-        key, value = notice.encode()
+        """Queue ``notice``; never raises (it is called after a history write, and a
+        notice not sent costs the reader a sweep interval at most)."""
         try:
+            if self._producer is None:
+                from confluent_kafka import Producer
+
+                self._producer = Producer(settings(self.kafka, defaults={"linger.ms": 0}))
+            key, value = notice.encode()
             self._producer.produce(self.topic, key=key, value=value)
             self._producer.poll(0)
             self.published += 1
-        except Exception as exc:  # BufferError, KafkaException: the sweep covers it
+        except Exception as exc:  # a bad setting, BufferError, KafkaException
             log.warning("commit notice of %s.%s not sent: %s", notice.database, notice.table, exc)
 
     def stop(self, timeout: float = 5.0) -> None:

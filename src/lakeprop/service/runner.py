@@ -74,7 +74,7 @@ from lakeprop.service.stream import log_records
 from lakeprop.service.wake import next_batch_at
 from lakeprop.spec import JobRef
 from lakeprop.state import shared as shared_state
-from lakeprop.state.apply import apply_commands, decode_all, not_in_cluster, off_the_job_partition
+from lakeprop.state.apply import apply_commands, decode_all, not_in_cluster
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome
 from lakeprop.state.status import JobState
@@ -239,7 +239,6 @@ class Runner:
             self.usage.recorded(r.ended_at for r in records)
         self.observer.results(results)
         self.chains.feed_downstream(results)
-        self.chains.announce(results)
         changed = advance(
             rows,
             results,
@@ -258,6 +257,7 @@ class Runner:
         self.catalog.remember(
             (row for ref, row in changed.items() if ref not in errors), progress=True
         )
+        self.chains.announce(results)  # last: a hint, after everything recorded
         return len(results)
 
     # -- 2. the change log --------------------------------------------------------------
@@ -269,15 +269,13 @@ class Runner:
         commands, verdicts = decode_all(records, self.max_message_bytes)
         fault_point("batch.decoded")
         recorded = self.outcomes.recorded(records)
-        if self.ownership.clustered:  # one order for the graph (decision 0012)
-            commands, off = off_the_job_partition(commands, recorded)
-            verdicts += off
         result = apply_commands(
             self.catalog.rows(),
             [c for c in commands if isinstance(c, Command)],
             self.tables.check,
             recorded,
             self.tenants,
+            one_partition=self.ownership.clustered,  # one order for the graph (decision 0012)
         )
         verdicts += result.verdicts
         bulk = [c for c in commands if isinstance(c, BulkCommand)]

@@ -71,41 +71,26 @@ def decode_all(
     return commands, rejected
 
 
-def off_the_job_partition(
-    commands: Sequence[Command | BulkCommand], recorded: Mapping[Coordinates, RecordedVerdict]
-) -> tuple[list[Command | BulkCommand], list[Verdict]]:
-    """The commands a service with ``cluster.enabled`` applies, and a rejection of each
-    job message on another partition than :data:`~lakeprop.changelog.JOB_PARTITION`
-    that has no verdict recorded yet (one recorded before this rule keeps it).
+def off_the_job_partition(command: Command) -> Verdict:
+    """The verdict, with ``cluster.enabled``, on a job message on another partition
+    than :data:`~lakeprop.changelog.JOB_PARTITION` that is neither in the rows nor
+    recorded (one applied before this rule keeps its verdict on replay).
 
     Every instance applies every message, each in its own micro-batches, and the
     pipeline graph's verdicts (a cycle, a second writer, readers left behind) depend
     on the messages before: only one partition gives every instance the same
     "before". The rejection depends on the message alone, so it is the same
-    everywhere too."""
-    kept: list[Command | BulkCommand] = []
-    rejected: list[Verdict] = []
-    for command in commands:
-        record = command.record
-        if (
-            isinstance(command, BulkCommand)
-            or record.partition == JOB_PARTITION
-            or (record.topic, record.partition, record.offset) in recorded
-        ):
-            kept.append(command)
-            continue
-        rejected.append(
-            Verdict.of(
-                command,
-                Outcome.REJECTED,
-                f"a job message on partition {record.partition} of {record.topic}: with "
-                f"cluster.enabled every job message goes to partition {JOB_PARTITION}, so that "
-                "every instance decides the pipeline graph in one order (the client and the "
-                "CLI do so; another producer must set the partition)",
-                error_code=ErrorCode.OFF_THE_JOB_PARTITION,
-            )
-        )
-    return kept, rejected
+    everywhere too (decision 0012)."""
+    record = command.record
+    return Verdict.of(
+        command,
+        Outcome.REJECTED,
+        f"a job message on partition {record.partition} of {record.topic}: with "
+        f"cluster.enabled every job message goes to partition {JOB_PARTITION}, so that "
+        "every instance decides the pipeline graph in one order (the client and the "
+        "CLI do so; another producer must set the partition)",
+        error_code=ErrorCode.OFF_THE_JOB_PARTITION,
+    )
 
 
 def not_in_cluster(command: BulkCommand) -> Verdict:
@@ -407,6 +392,7 @@ def apply_commands(
     check: SourceCheck,
     recorded: Mapping[Coordinates, RecordedVerdict] | None = None,
     tenants: Tenants | None = None,
+    one_partition: bool = False,
 ) -> ApplyResult:
     """Apply decoded change log commands to catalog rows, in log order.
 
@@ -433,6 +419,9 @@ def apply_commands(
     Commands already reflected in the rows are skipped. A command with a
     ``recorded`` verdict (a replay) gets that verdict again instead of being
     re-checked against the source table, whose state may have moved on.
+
+    ``one_partition`` (``cluster.enabled``): a new job message off the job partition
+    is rejected (:func:`off_the_job_partition`).
     """
     recorded = recorded or {}
     by_key: dict[JobKey, list[CatalogRow]] = {}
@@ -447,6 +436,9 @@ def apply_commands(
             prior is not None and prior.outcome is not Outcome.APPLIED
         ):
             continue  # in the rows already, or its verdict is recorded and it changed nothing
+        if one_partition and prior is None and cmd.record.partition != JOB_PARTITION:
+            ctx.result.verdicts.append(off_the_job_partition(cmd))
+            continue
         _apply_one(ctx, cmd, prior)
     return ctx.result
 
