@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -407,13 +408,25 @@ def test_bad_vectors_fail_naming_keys_or_go_to_quarantine(
     assert lenient.snapshot(source, 1) == 1
     # what the engine does after the consumer's write: the rows it set aside, written
     quarantine(lenient.context, lenient.context.set_aside, snapshot=True, version=1)
-    quarantined = spark.read.format("delta").load(
-        f"{app_config.tables.warehouse}/kb/bad_vec__quarantine"
+    location = f"{app_config.tables.warehouse}/kb/bad_vec__quarantine"
+
+    def assert_quarantined() -> None:
+        held = spark.read.format("delta").load(location)
+        assert sorted((r["id"], r["__reason"], r["__source_version"]) for r in held.collect()) == [
+            (2, "dimension 3, not 8", 1),
+            (3, "a NaN, infinite or NULL element", 1),
+        ]
+
+    assert_quarantined()
+    # a crash after the index switched and before the quarantine was written: the
+    # replayed snapshot finds the index built, and sets the rows aside all the same
+    shutil.rmtree(location)
+    replayed = consumer_for(
+        spark, app_config, "bad", {"key": ["id"], "vector": "emb", "quarantine": True}, 8
     )
-    assert sorted((r["id"], r["__reason"]) for r in quarantined.collect()) == [
-        (2, "dimension 3, not 8"),
-        (3, "a NaN, infinite or NULL element"),
-    ]
+    assert replayed.snapshot(source, 1) == 1
+    quarantine(replayed.context, replayed.context.set_aside, snapshot=True, version=1)
+    assert_quarantined()
     with pytest.raises(InvalidConsumerOptionsError, match="must be array<float> or array<double>"):
         VectorIndexConsumer.check_source(
             VectorIndexConsumer.validate_options({"key": ["id"], "vector": "cat"}),

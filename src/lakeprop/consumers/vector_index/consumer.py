@@ -51,7 +51,7 @@ from lakeprop.errors import (
     TemporaryError,
 )
 
-REASON = "__reason"
+REASON, SOURCE_VERSION = "__reason", "__source_version"
 EXAMPLES = 10
 BUILD_WAIT = 600.0
 """Seconds a snapshot waits for a build of the job's earlier configuration to end."""
@@ -126,8 +126,9 @@ class VectorIndexConsumer(Consumer):
         if live is not None and (live.trained_source_version, live.built_by) == (
             version,
             self.context.txn_app_id,
-        ):
-            return live.trained_rows  # built and switched to before a crash
+        ):  # built and switched to before a crash: only its quarantine may be missing
+            self._set_aside(rows.select(*opts.columns), live.dimension, version)
+            return live.trained_rows
         if live is not None and live.built_by and live.built_by != self.context.txn_app_id:
             # a build of the configuration this snapshot replaces may still run on an
             # instance that served the job before: it would write the next version
@@ -165,13 +166,16 @@ class VectorIndexConsumer(Consumer):
                 f"{NAME} index {postings} has no live version; resync the job to rebuild it",
                 ErrorCode.TARGET_MISSING,
             )
-        if live.source_version >= to_version:
-            return 0  # applied before a crash: the pointer is written last
         latest = self.context.latest_changes(changes, opts.key)
         latest = latest.withColumn(
             opts.vector,
             F.when(F.col("_change_type") != "delete", F.col(opts.vector)),
-        ).select(*opts.columns)
+        ).select(*opts.columns, F.col("_commit_version").cast("long").alias(SOURCE_VERSION))
+        if live.source_version >= to_version:
+            # applied before a crash (the pointer is written last): only its quarantine
+            # may be missing, and the engine writes what it has not taken yet
+            self._set_aside(latest, live.dimension, to_version)
+            return 0
         dimension = live.dimension or opts.dimension or 0
         if not dimension:  # an index still empty learns its dimension from its first vectors
             first = latest.where(F.col(opts.vector).isNotNull()).select(F.size(opts.vector)).first()
@@ -228,25 +232,12 @@ class VectorIndexConsumer(Consumer):
         the index). NULL vectors are dropped, or kept with ``keep_deletes``."""
         opts = self.options
         vector = F.col(opts.vector)
-        reason = (
-            F.when(vector.isNull(), F.lit(None))
-            .when(
-                F.size(vector) != F.lit(dimension),
-                F.concat(
-                    F.lit("dimension "), F.size(vector).cast("string"), F.lit(f", not {dimension}")
-                ),
-            )
-            .when(
-                F.exists(
-                    vector, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == F.lit(float("inf")))
-                ),
-                F.lit("a NaN, infinite or NULL element"),
-            )
-        )
-        checked = rows.withColumn(REASON, reason)
+        checked = rows.withColumn(REASON, self._reason(dimension))
         bad = checked.where(F.col(REASON).isNotNull())
         examples = bad.select(*opts.key, REASON).limit(EXAMPLES).collect()
-        self._quarantine(bad, version, bool(examples))
+        if examples and opts.quarantine:
+            self._quarantine(bad, version)
+        checked = checked.drop(SOURCE_VERSION)
         if examples and not opts.quarantine:
             named = [{**{k: r[k] for k in opts.key}, "reason": r[REASON]} for r in examples]
             raise VectorError(
@@ -264,9 +255,39 @@ class VectorIndexConsumer(Consumer):
         out = checked.withColumn(opts.vector, cleaned).drop(REASON)
         return out if keep_deletes else out.where(F.col(opts.vector).isNotNull())
 
-    def _quarantine(self, bad: DataFrame, version: int, found: bool) -> None:
-        if found and self.options.quarantine:  # the engine writes it (the quarantine contract)
-            self.context.quarantine(bad.withColumn("__source_version", F.lit(version).cast("long")))
+    def _reason(self, dimension: int) -> Column:
+        """Why a row's vector cannot be indexed at ``dimension`` (NULL: it can)."""
+        vector = F.col(self.options.vector)
+        return (
+            F.when(vector.isNull(), F.lit(None))
+            .when(
+                F.size(vector) != F.lit(dimension),
+                F.concat(
+                    F.lit("dimension "), F.size(vector).cast("string"), F.lit(f", not {dimension}")
+                ),
+            )
+            .when(
+                F.exists(
+                    vector, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == F.lit(float("inf")))
+                ),
+                F.lit("a NaN, infinite or NULL element"),
+            )
+        )
+
+    def _quarantine(self, bad: DataFrame, version: int) -> None:
+        """The bad rows set aside for the engine to write (the quarantine contract:
+        :meth:`ConsumerContext.quarantine`), each with the version it came in: a
+        tail's own commit's, a snapshot's ``version``."""
+        if SOURCE_VERSION not in bad.columns:
+            bad = bad.withColumn(SOURCE_VERSION, F.lit(version).cast("long"))
+        self.context.quarantine(bad)
+
+    def _set_aside(self, rows: DataFrame, dimension: int, version: int) -> None:
+        """With ``quarantine``: the rows of ``rows`` whose vectors are bad, set aside
+        (for a range applied before a crash, whose quarantine may not be)."""
+        if self.options.quarantine and dimension:
+            checked = rows.withColumn(REASON, self._reason(dimension))
+            self._quarantine(checked.where(F.col(REASON).isNotNull()), version)
 
     def assigned(self, rows: DataFrame, centroids: ivf.Vectors, dimension: int) -> DataFrame:
         """``rows`` with ``list_id`` (the nearest centroid, -1 for a NULL vector) and the
