@@ -1,16 +1,11 @@
 #!/usr/bin/env bash
 # The test command (.ci/run calls it). Two jobs, each on its own stack, set up
-# by scripts/setup.sh (idempotent):
+# by scripts/setup.sh (idempotent; the floor's set-up runs beside the default job's):
 #
 #   default  lint, type check, the docs (generated pages checked against the code,
 #            mkdocs build --strict), then the whole suite, on the default stack;
 #   floor    the unit tests and the integration tests marked `floor` (the engine,
 #            the consumers, recovery, a chaos round) on the floor stack.
-#
-# With both, the floor job (its set-up, then its tests) runs beside the default one,
-# its output kept in .cache/floor-job.log and shown when it ends: the suite keeps
-# about 1.4 of two cores busy, and the floor's session fills the rest. The command
-# fails when either job does.
 #
 # Each job runs its tests in one pytest run, the tests marked `processes` (each runs
 # service processes of its own) last. With LAKEPROP_TEST_WORKERS=N (N > 1) it runs
@@ -20,7 +15,8 @@
 #
 #   ./scripts/test.sh [--stack default|floor|all] [pytest arguments ...]
 #
-# The default is `all`: both jobs. Pytest arguments go to both.
+# The default is `all`: both jobs, the floor only if the default one passed.
+# Pytest arguments go to both.
 # At the end it prints where the time went (every step of each job); each pytest
 # run prints its own summary (per module, the slowest tests), see devkit/timing.py.
 set -euo pipefail
@@ -93,7 +89,15 @@ tests() {
   fi
 }
 
+FLOOR_SETUP=""
+floor_setup_log="$ROOT/.cache/setup-floor.log"
+
 run_default() {
+  if [[ " ${STACKS[*]} " == *" floor "* ]]; then  # the floor's set-up, beside this job's
+    mkdir -p "$ROOT/.cache"
+    (LAKEPROP_STACK=floor bash scripts/setup.sh > "$floor_setup_log" 2>&1) &
+    FLOOR_SETUP=$!
+  fi
   step "default: set-up" env LAKEPROP_STACK=default bash scripts/setup.sh
   local venv="${LAKEPROP_VENV:-$ROOT/$(venv_of default)}"
   step "default: lint" "$venv/bin/ruff" check src tests jobs scripts bench devkit
@@ -105,69 +109,29 @@ run_default() {
 }
 
 run_floor() {
-  step "floor: set-up" env LAKEPROP_STACK=floor bash scripts/setup.sh
+  local started=$SECONDS
+  if [ -n "$FLOOR_SETUP" ]; then
+    wait "$FLOOR_SETUP" || { cat "$floor_setup_log" >&2; return 1; }
+    cat "$floor_setup_log" >&2
+  else
+    LAKEPROP_STACK=floor bash scripts/setup.sh
+  fi
+  TIMES+=("$(printf '%-26s %5d s' "floor: set-up (wait)" $((SECONDS - started)))")
   tests floor "$ROOT/$(venv_of floor)" "unit or floor" "$@"
 }
 
-# job STACK ARGS...: one job, its time noted
-job() {
-  local stack="$1" started=$SECONDS
-  shift
+summary() {
+  # a floor set-up still running (the default job failed) is waited for, not orphaned
+  [ -z "$FLOOR_SETUP" ] || wait "$FLOOR_SETUP" 2>/dev/null || true
+  echo "== test.sh: where the time went" >&2
+  printf '   %s\n' ${TIMES[@]+"${TIMES[@]}"} >&2
+}
+trap summary EXIT
+
+for stack in "${STACKS[@]}"; do
   echo "== test.sh: the $stack job" >&2
+  started=$SECONDS
   "run_$stack" "$@"
   TIMES+=("$(printf '%-26s %5d s' "$stack: the job" $((SECONDS - started)))")
   echo "== test.sh: the $stack job passed in $((SECONDS - started)) s" >&2
-}
-
-FLOOR_JOB=""
-floor_log="$ROOT/.cache/floor-job.log"
-floor_times="$ROOT/.cache/floor-job.times"
-
-# the floor job in the background: its output to floor_log, its step times to
-# floor_times (a subshell's TIMES are its own)
-floor_beside() {
-  mkdir -p "$ROOT/.cache"
-  rm -f "$floor_times"
-  set -m  # a process group of its own: an interrupted run stops it whole
-  (
-    trap 'printf "%s\n" ${TIMES[@]+"${TIMES[@]}"} > "$floor_times"' EXIT
-    TIMES=()
-    job floor "$@"
-  ) > "$floor_log" 2>&1 &
-  FLOOR_JOB=$!
-  set +m
-}
-
-# wait_floor: the floor job's end, its output and its times; false when it failed
-wait_floor() {
-  local rc=0
-  wait "$FLOOR_JOB" || rc=$?
-  FLOOR_JOB=""
-  cat "$floor_log" >&2
-  [ ! -f "$floor_times" ] || mapfile -t -O "${#TIMES[@]}" TIMES < "$floor_times"
-  [ "$rc" -eq 0 ] || echo "== test.sh: the floor job failed (exit $rc)" >&2
-  return "$rc"
-}
-
-summary() {
-  local rc=$?
-  # a floor job still running when the default job failed, or the run was
-  # interrupted, is stopped (its pytest tears its services down) and waited for
-  if [ -n "$FLOOR_JOB" ]; then
-    [ "$rc" -eq 0 ] || kill -INT -- "-$FLOOR_JOB" 2>/dev/null || true
-    wait_floor || true
-  fi
-  echo "== test.sh: where the time went" >&2
-  printf '   %s\n' ${TIMES[@]+"${TIMES[@]}"} >&2
-  return "$rc"
-}
-trap summary EXIT
-trap 'exit 130' INT TERM
-
-if [ "${#STACKS[@]}" -eq 2 ]; then
-  floor_beside "$@"
-  job default "$@"
-  wait_floor
-else
-  job "${STACKS[0]}" "$@"
-fi
+done
