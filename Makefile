@@ -29,6 +29,9 @@ format: setup ## apply ruff's formatting and import order
 bench: setup ## the benchmark suite, lakeprop beside its baseline (SIZE=smoke|default|full)
 	$(VENV)/bin/python -m bench.run --size $(or $(SIZE),default)
 
+bench-smoke: setup ## every benchmark at its smoke size, its checks asserted (not in `make test`)
+	LAKEPROP_STACK=default $(VENV)/bin/pytest -m bench
+
 docs: setup ## serve the docs site on http://127.0.0.1:8000
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
@@ -50,7 +53,7 @@ broker-stop: ## stop the local development broker
 clean-state: ## delete local state, checkpoint, warehouse and broker data (.lakeprop)
 	rm -rf .lakeprop
 
-.PHONY: help setup run test unit lint format bench bench-report docs reference chaos \
+.PHONY: help setup run test unit lint format bench bench-smoke bench-report docs reference chaos \
 	broker-start broker-stop clean-state notebooks
 
 notebooks: setup ## open the notebooks in JupyterLab (installs it into .venv once)

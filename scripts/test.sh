@@ -3,7 +3,8 @@
 # by scripts/setup.sh (idempotent; the floor's set-up runs beside the default job's):
 #
 #   default  lint, type check, the docs (generated pages checked against the code,
-#            mkdocs build --strict), then the whole suite, on the default stack;
+#            mkdocs build --strict), then the whole suite but the benchmarks' smoke
+#            runs (marker `bench`, `make bench-smoke`), on the default stack;
 #   floor    the unit tests and the integration tests marked `floor` (the engine,
 #            the consumers, recovery, a chaos round) on the floor stack.
 #
@@ -105,7 +106,7 @@ run_default() {
   step "default: types" "$venv/bin/mypy"
   step "default: references" "$venv/bin/python" -m devkit.reference --check
   step "default: docs" env NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet
-  tests default "$venv" "" "$@"
+  tests default "$venv" "not bench" "$@"
 }
 
 run_floor() {

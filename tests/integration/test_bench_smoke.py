@@ -1,4 +1,7 @@
-"""Every benchmark runs at a tiny size and its checks hold (no timing is asserted)."""
+"""Every benchmark runs at a tiny size and its checks hold (no timing is asserted).
+
+Marked ``bench``: the test command leaves them out (each starts an app or a set of
+streaming queries of its own, minutes in all); ``make bench-smoke`` runs them."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from bench.run import BENCHMARKS, SIZES
 from devkit.s3 import LocalS3
 from lakeprop.dev.localkafka import LocalKafka
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.bench]
 
 
 VARIANTS = {"auto_cdc_plain"}
