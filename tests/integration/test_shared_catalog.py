@@ -21,14 +21,8 @@ from lakeprop.errors import InvalidConfigError
 from lakeprop.membership.slots import slot_of
 from lakeprop.spec import JobKey
 from lakeprop.state import store as state
-from lakeprop.state.catalog import (
-    LAYOUT_PROPERTY,
-    SLOT,
-    TABLE_SCHEMA,
-    JobCatalog,
-    RowScope,
-    SharedWrites,
-)
+from lakeprop.state.catalog import JobCatalog
+from lakeprop.state.catalog_table import LAYOUT_PROPERTY, SLOT, TABLE_SCHEMA, RowScope, SharedWrites
 from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.shared import Signed, conflicts_seen
 

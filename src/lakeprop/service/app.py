@@ -37,7 +37,8 @@ from lakeprop.service.stream import ChangelogOffsets, Offsets, start_query
 from lakeprop.service.wake import Waker, wake_topic
 from lakeprop.spec import JobRef
 from lakeprop.state.accounts import AccountsTable
-from lakeprop.state.catalog import JobCatalog, RowScope, SharedWrites
+from lakeprop.state.catalog import JobCatalog
+from lakeprop.state.catalog_table import RowScope, SharedWrites
 from lakeprop.state.events import EventTable
 from lakeprop.state.history import IterationHistory, rolled_forward
 from lakeprop.state.job_row import CatalogRow
