@@ -12,11 +12,15 @@ upstream) are checked on the same service, and ``lakeprop graph`` draws it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 from devkit.harness import (
@@ -33,7 +37,7 @@ from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.client.notebook import Notebook
 from lakeprop.config import AppConfig
-from lakeprop.errors import ErrorCode
+from lakeprop.errors import ErrorCode, InvalidArgumentError
 from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
@@ -110,7 +114,9 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
     spark.createDataFrame(
         [(i, f"g{i % 3}", float(i)) for i in range(9)], SOURCE_SCHEMA
     ).write.format("delta").mode("append").save(path)
-    client = LakepropClient(config.kafka, config.state, spark, notifications=notifications)
+    client = LakepropClient(
+        config.kafka, config.state, spark, tables=config.tables, notifications=notifications
+    )
     chain = CHAIN
     if path_taken == "spark":
         totals = spec(
@@ -131,9 +137,24 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
             "UPDATE {t} SET name = 'g9' WHERE id = 4",  # a row moves to another group
             "DELETE FROM {t} WHERE name = 'g0'",  # a group disappears
         ):
-            client.notify_commit("p", "events", commit(spark, path, sql))  # the first only
+            version = commit(spark, path, sql)
+            client.notify_commit("p", "events", version)  # the first only
             through_the_chain(spark, config)
             assert_the_last_table_is_the_model(spark, config, path)
+        # a wait for a commit to reach the end, from the client and from the CLI
+        version = commit(spark, path, "UPDATE {t} SET amount = amount * 2 WHERE id < 3")
+        client.notify_commit("p", "events", version)
+        reached = client.wait_for_origin(OUT, ("p", "events"), version, timeout=90)
+        assert reached.key == OUT
+        assert_the_last_table_is_the_model(spark, config, path)
+        version = commit(spark, path, "DELETE FROM {t} WHERE id = 1")
+        client.notify_commit("p", "events", version)
+        where = ["--database", "p", "--table", OUT.table, "--name", OUT.job_name]
+        wait = ["wait", *where, "--origin", f"p.events@{version}", "--timeout", "90"]
+        assert cli.main([*cli_settings(config), *wait]) == 0
+        assert_the_last_table_is_the_model(spark, config, path)
+        with pytest.raises(InvalidArgumentError, match=r"not downstream of p\.other"):
+            client.wait_for_origin(OUT, ("p", "other"), 0)
         out = client.get_job_status(OUT)
         assert out is not None and out.freshness is not None
         assert out.freshness["origin"] == "p.events" and out.freshness["seconds"] >= 0
@@ -141,7 +162,46 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
     assert paths == ({"native", "spark"} if path_taken == "auto" else {"spark"})
     if path_taken == "spark":
         assert_the_events_tell_the_story(spark, config, client)
+    else:
+        assert_a_restart_keeps_the_freshness(spark, config, client, path)
     client.close()
+
+
+def assert_a_restart_keeps_the_freshness(
+    spark: SparkSession, config: AppConfig, client: LakepropClient, path: str
+) -> None:
+    """A write made before a restart is credited after it with the commit to the
+    first table it reflects (the history recorded it): the last job, paused, reads
+    after the restart what its upstream wrote before it."""
+    with running(spark, config):
+        client.wait_for_outcome(client.pause_job(OUT))
+        version = commit(spark, path, "INSERT INTO {t} VALUES (30, 'g2', 3.0)")
+        client.notify_commit("p", "events", version)
+        for key in (COPY, TOTALS):
+            wait_for_watermark(spark, config, key, source_version(spark, config, key))
+    with running(spark, config):
+        client.wait_for_outcome(client.resume_job(OUT))
+        upstream = source_version(spark, config, OUT)
+        client.notify_commit(OUT.database, OUT.table, upstream)
+        wait_for_watermark(spark, config, OUT, upstream)
+    assert_the_last_table_is_the_model(spark, config, path)
+    (last,) = (
+        history(spark, config)
+        .selectExpr("ended_at", "explode(members) AS m")
+        .where("m.job_name = 'out'")
+        .orderBy(F.col("ended_at").desc())
+        .limit(1)
+        .select("m.origin_table", "m.origin_at")
+        .collect()
+    )
+    assert (last["origin_table"], last["origin_at"]) == ("p.events", commit_time(path, version))
+
+
+def commit_time(path: str, version: int) -> datetime:
+    """When commit ``version`` of the table at ``path`` was made, as its log says."""
+    log = Path(path) / "_delta_log" / f"{version:020d}.json"
+    info = next(json.loads(line)["commitInfo"] for line in log.open() if '"commitInfo"' in line)
+    return datetime.fromtimestamp(info["timestamp"] / 1000)
 
 
 def assert_the_events_tell_the_story(

@@ -102,25 +102,33 @@ def test_bad_rules_are_named(rules: object, message: str) -> None:
         JobSpec.from_json(replica(expectations=rules))
 
 
-def test_origins_follow_a_chain_from_its_first_table() -> None:
-    origins = Origins()
-    events, scd1, agg = ("db", "events"), ("db", "scd1"), ("db", "agg")
-    asked: list[int] = []
+def test_origins_credit_each_version_of_a_table_with_the_commit_it_reflects() -> None:
+    events, scd1 = ("db", "events"), ("db", "scd1")
+    restored: list[tuple[str, str]] = []
 
-    def commit_time() -> float:
-        asked.append(1)
-        return 100.0
+    def restore(table: tuple[str, str]) -> list[tuple[int, Origin]]:
+        restored.append(table)
+        return [(3, Origin(events, 50.0))] if table == scd1 else []
 
-    first = origins.of(events, commit_time)
-    assert first == Origin(events, 100.0) and first.name == "db.events"
-    origins.wrote(scd1, first)
-    # the next step reflects the first table's commit, without reading a commit of its own
-    assert origins.upstream(scd1) == first
-    assert origins.of(scd1, commit_time) == first and len(asked) == 1
-    origins.wrote(agg, first)
-    origins.wrote(agg, Origin(events, 90.0))  # an older write never wins
-    assert origins.upstream(agg) == first
-    assert origins.upstream(events) is None
+    origins = Origins(restore)
+    # after a restart: what the history recorded of the writes to the table
+    assert origins.upstream(scd1, 3) == Origin(events, 50.0) and restored == [scd1]
+    assert Origin(events, 50.0).name == "db.events"
+    origins.wrote(scd1, 4, Origin(events, 60.0))
+    origins.wrote(scd1, 5, Origin(events, 70.0))
+    # a reader that read version 4 while 5 was written: what 4 reflects, not the latest
+    assert origins.upstream(scd1, 4) == Origin(events, 60.0)
+    assert origins.upstream(scd1, 5) == Origin(events, 70.0) and restored == [scd1]
+    # a version between two writes (a commit of no job's, say): the write before it
+    origins.wrote(scd1, 8, Origin(events, 80.0))
+    assert origins.upstream(scd1, 7) == Origin(events, 70.0) and restored == [scd1]
+    # newer than any write seen (another instance wrote it): the history is asked again
+    assert origins.upstream(scd1, 9) == Origin(events, 80.0) and restored == [scd1, scd1]
+    # a reader further behind than the versions kept: credited with none, not a wrong one
+    for version in range(10, 10 + Origins.KEPT):
+        origins.wrote(scd1, version, Origin(events, float(version)))
+    assert origins.upstream(scd1, 5) is None
+    assert origins.upstream(("db", "other"), 1) is None
 
 
 def test_an_iteration_tells_its_events() -> None:

@@ -90,9 +90,23 @@ def status(args: argparse.Namespace) -> int:
 
 
 def wait(args: argparse.Namespace) -> int:
-    info = common.client(args, with_spark=True).wait_for_watermark(
-        common.key(args), args.version, timeout=args.timeout, progress=common.on_stderr
-    )
+    if args.origin is not None and args.version is not None:
+        raise InvalidArgumentError("--origin names its own version: leave --version out")
+    client = common.client(args, with_spark=True)
+    if args.origin is None:
+        at = "latest" if args.version is None else args.version
+        info = client.wait_for_watermark(
+            common.key(args), at, timeout=args.timeout, progress=common.on_stderr
+        )
+    else:
+        (database, table), at = args.origin
+        info = client.wait_for_origin(
+            common.key(args),
+            (database, table),
+            at,
+            timeout=args.timeout,
+            progress=common.on_stderr,
+        )
     common.print_json(asdict(info))
     return 0
 
@@ -136,6 +150,15 @@ def version(text: str) -> int | str:
     return int(text)
 
 
+def origin(text: str) -> tuple[tuple[str, str], int | str]:
+    """``database.table@version`` (or ``@latest``, or no ``@``: the latest)."""
+    name, _, at = text.partition("@")
+    database, dot, table = name.partition(".")
+    if not dot or not database or not table or "." in table:
+        raise argparse.ArgumentTypeError(f"expected database.table@version: {text!r}")
+    return (database, table), version(at or "latest")
+
+
 def register(sub: Any) -> None:
     for action in ("register", "unregister", "update-spec", "pause", "resume", "resync"):
         p = sub.add_parser(action, help=f"{action} a job through the change log")
@@ -156,14 +179,22 @@ def register(sub: Any) -> None:
     common.add_key(p)
     p.set_defaults(handler=status)
     p = sub.add_parser(
-        "wait", help="wait until a job has consumed a source version (0 when reached)"
+        "wait",
+        help="wait until a job has consumed a source version, or a commit upstream of it "
+        "(0 when reached)",
     )
     common.add_key(p)
     p.add_argument(
         "--version",
         type=version,
-        default="latest",
-        help="source Delta version, or 'latest': the source's version now (default)",
+        help="source Delta version, or 'latest': the source's version now (the default)",
+    )
+    p.add_argument(
+        "--origin",
+        type=origin,
+        metavar="DB.TABLE@VERSION",
+        help="instead: until this commit to a table upstream of the job has reached it, "
+        "through every job between them (VERSION may be 'latest')",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     p.set_defaults(handler=wait)

@@ -3,13 +3,15 @@
 :class:`LakepropClient` is one facade over two parts that can also be used on
 their own: :class:`~lakeprop.client.log.ChangeLogWriter` writes the change log
 (a Kafka producer; no Spark needed), and :class:`~lakeprop.client.reads.StateReader`
-reads the service's state tables and waits on them (a SparkSession).
+reads the service's state tables and waits on them (a SparkSession), with the
+waits of a pipeline in :class:`~lakeprop.client.chains.PipelineReader`.
 """
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
+from lakeprop.client.chains import PipelineReader
 from lakeprop.client.log import ChangeLogWriter, Receipt, Repeats
 from lakeprop.client.reads import LATEST, StateReader
 from lakeprop.client.views import BulkStatus, JobInfo
@@ -22,6 +24,7 @@ __all__ = [
     "ChangeLogWriter",
     "JobInfo",
     "LakepropClient",
+    "PipelineReader",
     "Progress",
     "Receipt",
     "Repeats",
@@ -31,7 +34,7 @@ __all__ = [
 ]
 
 
-class LakepropClient(ChangeLogWriter, StateReader):
+class LakepropClient(ChangeLogWriter, PipelineReader):
     """Client of the change log (writes) and of the state tables (reads).
 
     Writes return a :class:`Receipt` once the broker confirmed the message;

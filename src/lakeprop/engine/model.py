@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 
 from lakeprop.errors import ErrorCode
-from lakeprop.pipeline.freshness import Origin
+from lakeprop.pipeline.freshness import Origin, Written
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.history import IterationRecord, MemberRecord, RuleCount, consumer_digest
 
@@ -121,6 +121,9 @@ class MemberResult:
     origin: Origin | None = None
     """For a job reading another job's target: the commit to its chain's first table
     its write reflects (:mod:`lakeprop.pipeline.freshness`)."""
+    wrote: Written | None = None
+    """For a job whose target other jobs read: the version of the target its write
+    left, and the origin that version reflects (the history keeps it for a restart)."""
 
     @property
     def ok(self) -> bool:
@@ -201,6 +204,11 @@ class IterationResult:
                     expectations=list(m.expectations) or None,
                     origin_table=None if m.origin is None else m.origin.name,
                     origin_at=None if m.origin is None else datetime.fromtimestamp(m.origin.at),
+                    target_version=None if m.wrote is None else m.wrote[0],
+                    target_origin_table=None if m.wrote is None else m.wrote[1].name,
+                    target_origin_at=(
+                        None if m.wrote is None else datetime.fromtimestamp(m.wrote[1].at)
+                    ),
                 )
                 for m in self.members
             ],

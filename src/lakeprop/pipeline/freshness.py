@@ -5,13 +5,14 @@ reflects the commit to the chain's first table that its upstream's last write
 reflected, and so on up: its *origin*. The runner follows origins through the
 chain as iterations finish (:class:`Origins`): a job whose source no job writes
 starts one at the commit it read up to; a job whose target others read hands
-its origin on. A downstream write's freshness is then the time from its
-origin's commit to the write's end. Pure: the caller says when a commit was made.
+its origin on, per version of that target it left. A downstream write's
+freshness is then the time from its origin's commit to the write's end. Pure:
+the caller says when a commit was made and what the history recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lakeprop.pipeline.graph import Table
@@ -30,32 +31,43 @@ class Origin:
         return ".".join(self.table)
 
 
+Written = tuple[int, Origin]
+"""A version of a table a job wrote, and the origin that version reflects."""
+
+
 class Origins:
-    """Per table a job wrote: the origin its last write reflects (held in memory;
-    after a restart a chain's freshness shows once a pass has gone through it)."""
+    """Per table a job wrote: the origin each of its recent versions reflects.
 
-    def __init__(self) -> None:
-        self._of: dict[Table, Origin] = {}
+    A downstream write is credited with the origin of the last version of its
+    source it read (not the source's latest: its upstream may have written again
+    while it ran). What a process has not seen itself (after a restart, or written
+    by another instance) comes from ``restore``: the history's record of the writes.
+    """
 
-    def upstream(self, source: Table) -> Origin | None:
-        """The origin of the last write to ``source`` by a job (None: no job wrote it
-        since the start, or none writes it)."""
-        return self._of.get(source)
+    KEPT = 64
+    """Versions kept per table: the newest (a reader more than this far behind
+    its upstream is credited with nothing rather than a wrong commit)."""
 
-    def of(self, source: Table, commit_time: Callable[[], float | None]) -> Origin | None:
-        """What a write that read ``source`` reflects: its upstream's origin, or else
-        the commit it read up to (``commit_time``), for a chain's first table."""
-        found = self._of.get(source)
-        if found is not None:
-            return found
-        at = commit_time()
-        return None if at is None else Origin(source, at)
+    def __init__(self, restore: Callable[[Table], Iterable[Written]] = lambda _t: ()) -> None:
+        self._of: dict[Table, list[Written]] = {}
+        self._restore = restore
 
-    def wrote(self, target: Table, origin: Origin) -> None:
-        """A job wrote ``target`` reflecting ``origin`` (an older one never wins)."""
-        current = self._of.get(target)
-        if current is None or origin.at >= current.at:
-            self._of[target] = origin
+    def upstream(self, source: Table, version: int) -> Origin | None:
+        """The origin that version ``version`` of ``source`` (a job's target)
+        reflects: that of the last write at or before it (None: not known).
 
-    def forget(self, table: Table) -> None:
-        self._of.pop(table, None)
+        What this process has not seen (a restart, or a write by another
+        instance: a version newer than any it saw) is asked of ``restore``."""
+        kept = self._of.get(source, [])
+        if not kept or kept[-1][0] < version:
+            for written in self._restore(source):
+                self.wrote(source, *written)
+        found = [origin for at, origin in self._of.get(source, ()) if at <= version]
+        return found[-1] if found else None
+
+    def wrote(self, target: Table, version: int, origin: Origin) -> None:
+        """A job's write left ``target`` at ``version``, reflecting ``origin``."""
+        kept = self._of.setdefault(target, [])
+        kept[:] = sorted(
+            [w for w in kept if w[0] != version] + [(version, origin)], key=lambda w: w[0]
+        )[-self.KEPT :]

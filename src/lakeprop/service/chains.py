@@ -9,7 +9,6 @@ the end-to-end freshness in ``status`` and the event table.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -17,9 +16,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from lakeprop.engine.model import IterationResult, MemberResult
 from lakeprop.engine.selection import TriggerSelection
 from lakeprop.notifications import CommitNotice
-from lakeprop.pipeline.freshness import Origins
+from lakeprop.pipeline.freshness import Origin, Origins, Written
 from lakeprop.pipeline.graph import Table, table_of, target_of_consumer
 from lakeprop.spec import target_table
+from lakeprop.state.history import IterationHistory
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.tables.resolve import Tables
 
@@ -35,11 +35,14 @@ class Chains:
         tables: Tables,
         rows: Callable[[], Iterable[CatalogRow]] = list,
         announce: Callable[[CommitNotice], None] | None = None,
+        history: IterationHistory | None = None,
     ) -> None:
         self.selection = selection
         self.tables = tables
-        self.origins = Origins()
-        """What each pipeline table's last write reflects."""
+        self._history = history
+        """Where the writes to pipeline tables before a restart were recorded."""
+        self.origins = Origins(self._restore)
+        """What each pipeline table's recent versions reflect."""
         self._rows = rows
         """Every job's catalog row, this instance's and the others'."""
         self._announce = announce
@@ -61,33 +64,57 @@ class Chains:
                 continue
             consumer = json.loads(member.consumer_spec)
             database, table = target_table(member.ref[0], consumer.get("options") or {})
-            try:
-                version = self.tables.probe.latest_version(self.tables.location(database, table))
-            except Exception as exc:  # a hint: the reader's sweep covers it
-                log.debug("no version of %s.%s to announce: %s", database, table, exc)
-                continue
-            if version is not None:
+            version = member.wrote[0] if member.wrote else self._latest_version(database, table)
+            if version is not None:  # else a hint lost: the reader's sweep covers it
                 self._announce(CommitNotice(database, table, version))
 
     def follow(self, results: Sequence[IterationResult]) -> None:
-        """Each downstream member's origin, and the origins the members whose
-        targets others read hand on (before the history rows are written: they
-        carry the origins)."""
-        read = {table_of(*name) for name in self.selection.watched}
-        for result, member in _written(results):
+        """Each downstream member's origin, and for each member whose target a live
+        job reads (on any instance), the version it left and the origin that
+        version reflects (before the history rows are written: they carry both)."""
+        written = list(_written(results))
+        if not written:
+            return
+        live = [r.node for r in self._rows() if r.is_live]
+        read = {node.source for node in live}
+        written_by_jobs = {node.target for node in live}
+        for result, member in written:
             key = member.ref[0]
             source, target = table_of(key.database, key.table), _target(member)
-            upstream = self.origins.upstream(source)
-            feeds = target is not None and target in read
-            if upstream is None and not feeds:
-                continue
             version = result.plan.to_version
-            origin = upstream or self.origins.of(
-                source, functools.partial(self._commit_time, key.database, key.table, version)
+            if source in written_by_jobs:  # a downstream job: it read what a job wrote
+                origin = member.origin = self.origins.upstream(source, version)
+            elif target in read:  # a chain's first step: the commit it read up to
+                at = self._commit_time(key.database, key.table, version)
+                origin = None if at is None else Origin(source, at)
+            else:
+                continue
+            if target is None or target not in read or origin is None:
+                continue
+            left = self._latest_version(*target)
+            if left is not None:
+                member.wrote = (left, origin)
+                self.origins.wrote(target, left, origin)
+
+    def _restore(self, table: Table) -> list[Written]:
+        """What the history recorded of the writes to ``table`` by the job writing it
+        (a restarted service has seen none of them)."""
+        if self._history is None:
+            return []
+        writer = next((r for r in self._rows() if r.is_live and r.node.target == table), None)
+        if writer is None:
+            return []
+        try:
+            writes = self._history.writes_of(
+                writer.database, writer.table, writer.job_id, Origins.KEPT
             )
-            member.origin = upstream
-            if feeds and target is not None and origin is not None:
-                self.origins.wrote(target, origin)
+        except Exception as exc:  # freshness is a report: the next pass shows it
+            log.warning("could not read the writes to %s.%s from the history: %s", *table, exc)
+            return []
+        return [
+            (version, Origin(table_of(*name.split(".", 1)), at.timestamp()))
+            for version, name, at in writes
+        ]
 
     def feed_downstream(self, results: Sequence[IterationResult]) -> None:
         """Make the jobs that read what these iterations wrote due at the next tick
@@ -102,6 +129,13 @@ class Chains:
             target = _target(member)
             if target in watched:
                 dirty.touch(watched[target])
+
+    def _latest_version(self, database: str, table: str) -> int | None:
+        try:
+            return self.tables.probe.latest_version(self.tables.location(database, table))
+        except Exception as exc:
+            log.debug("no version of %s.%s: %s", database, table, exc)
+            return None
 
     def _commit_time(self, database: str, table: str, version: int) -> float | None:
         try:

@@ -122,7 +122,9 @@ class Runner:
         """How small tails run natively (:mod:`lakeprop.engine.native`)."""
         self.ownership = parts.ownership
         self.retries: dict[JobRef, Retry] = {}
-        self.chains = Chains(self.selection, parts.tables, parts.catalog.rows, parts.announce)
+        self.chains = Chains(
+            self.selection, parts.tables, parts.catalog.rows, parts.announce, parts.history
+        )
         """The jobs downstream of what finished (:mod:`lakeprop.service.chains`)."""
         self.handover = Handover(
             parts.ownership,

@@ -62,6 +62,12 @@ class MemberRecord:
     commit to it that this write reflects was made (its end-to-end freshness is
     from then to ``ended_at``)."""
     origin_at: datetime | None = None
+    target_version: int | None = None
+    """For a job whose target other jobs read: the version of its target this write
+    left, and the commit to the chain's first table that version reflects (what a
+    restarted service credits the readers of that version with)."""
+    target_origin_table: str | None = None
+    target_origin_at: datetime | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return row_tuple(self)
@@ -181,6 +187,28 @@ class IterationHistory:
             (r["job_id"], r["digest"]): (r["last"]["to_version"], r["last"]["ended_at"])
             for r in rows
         }
+
+    def writes_of(
+        self, database: str, table: str, job_id: int, limit: int
+    ) -> list[tuple[int, str, datetime]]:
+        """The newest ``limit`` versions job ``job_id`` (of source ``database.table``)
+        left its target at, each with the origin it reflects: ``(target_version,
+        origin_table, origin_at)``, oldest first."""
+        if self._created:
+            return []
+        df = state.read_table(self.spark, self.path)
+        df = df.where((F.col("database") == database) & (F.col("table") == table))
+        members = df.select(F.explode("members").alias("m"))
+        if "target_version" not in members.schema["m"].dataType.fieldNames():  # type: ignore[attr-defined]
+            return []  # a history of a release that did not keep them
+        rows = (
+            members.where((F.col("m.job_id") == job_id) & F.col("m.target_version").isNotNull())
+            .select("m.target_version", "m.target_origin_table", "m.target_origin_at")
+            .orderBy(F.col("target_version").desc())
+            .limit(limit)
+            .collect()
+        )
+        return [(r[0], r[1], r[2]) for r in reversed(rows)]
 
 
 def rolled_forward(row: CatalogRow, reached: Reached) -> CatalogRow | None:
