@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devkit.fuzzing.runner import Fuzzer, shrink  # noqa: E402
+from devkit.fuzzing.runner import WORKLOADS, Fuzzer, shrink  # noqa: E402
 from devkit.spark import local_session  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
 
@@ -28,6 +28,12 @@ def main() -> int:
     parser.add_argument(
         "--shrink-minutes", type=float, default=20.0, help="time to shrink a failing sequence"
     )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="consumers",
+        help="every consumer on one source, random chains of table consumers, or both",
+    )
     parser.add_argument("--workdir", help="where the tables go (default: a temp dir)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every sequence")
     args = parser.parse_args()
@@ -38,7 +44,7 @@ def main() -> int:
     started = time.monotonic()
     clean, failed = [], []
     try:
-        fuzzer = Fuzzer(spark, workdir, broker.bootstrap_servers)
+        fuzzer = Fuzzer(spark, workdir, broker.bootstrap_servers, args.workload)
         for seed in range(args.first, args.first + args.seeds):
             if args.minutes and time.monotonic() - started > args.minutes * 60:
                 break

@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from devkit.expected import aggregates_of
 from devkit.fuzzing import models
+from devkit.fuzzing.chains import ChainFailed, ChainRun, Step, describe, draw_chain
 from devkit.fuzzing.source import Op, Shape, Source, draw
 from devkit.iterations import iterate
 from devkit.kafka import read_topic
@@ -143,22 +144,39 @@ class Case:
     seed: int
     shape: Shape
     steps: list[tuple[Op, bool]]
+    chains: tuple[tuple[str, tuple[Step, ...]], ...] = ()
+    """The pipeline workload's chains, each with its path (``spark`` or ``native``)."""
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}, source {self.shape}"]
+        lines += [f"  chain on {path}: {describe(list(c))}" for path, c in self.chains]
         lines += [
             f"  {i}. {op}{'  -> sync' if sync else ''}" for i, (op, sync) in enumerate(self.steps)
         ]
         return "\n".join(lines)
 
 
+WORKLOADS = ("consumers", "pipelines", "all")
+"""What a fuzzer runs: every consumer on one source (both paths), random chains of
+table consumers (:mod:`devkit.fuzzing.chains`, one on each path), or both."""
+
+
 class Fuzzer:
     """Runs sequences against one warehouse directory, one broker."""
 
-    def __init__(self, spark: SparkSession, workdir: Path, bootstrap_servers: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        workdir: Path,
+        bootstrap_servers: str,
+        workload: str = "consumers",
+    ) -> None:
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload is one of {WORKLOADS}, not {workload!r}")
         self.spark = spark
         self.workdir = workdir
         self.bootstrap_servers = bootstrap_servers
+        self.workload = workload
 
     def generate(self, seed: int, operations: int) -> Case:
         """Draw a sequence, applying it as it is drawn (operations depend on the state)."""
@@ -177,7 +195,11 @@ class Fuzzer:
                 steps.append((op, sync))
         if steps:
             steps[-1] = (steps[-1][0], True)
-        return Case(seed, shape, steps)
+        chains: tuple[tuple[str, tuple[Step, ...]], ...] = ()
+        if self.workload != "consumers":  # drawn apart: a seed's operations stay the same
+            drawn = random.Random(f"chains-{seed}")
+            chains = tuple((path, tuple(draw_chain(drawn))) for path in ("spark", "native"))
+        return Case(seed, shape, steps, chains)
 
     def _source(self, shape: Shape) -> _Scratch:
         return _Scratch(self.spark, self.workdir / f"draw-{uuid.uuid4().hex[:8]}", shape)
@@ -196,7 +218,22 @@ class Fuzzer:
             Fleet(self.spark, tables, specs, None, "spark"),
             Fleet(self.spark, tables, {n: specs[n] for n in NATIVE}, NativeSettings(), "native"),
         ]
-        run = _Run(source, fleets, topic, self.bootstrap_servers)
+        if self.workload == "pipelines":
+            fleets = []
+        chains = [
+            ChainRun(
+                self.spark,
+                tables,
+                DATABASE,
+                TABLE,
+                list(steps),
+                NativeSettings() if path == "native" else None,
+                "abcdefgh"[i],
+                100 * (i + 1),
+            )
+            for i, (path, steps) in enumerate(sequence.chains)
+        ]
+        run = _Run(source, fleets, topic, self.bootstrap_servers, chains)
         create_topic(KafkaConfig(self.bootstrap_servers), topic, 2, {}, 30.0)
         try:
             source.create()
@@ -212,7 +249,7 @@ class Fuzzer:
                     if problem is not None:
                         return f"after step {i} ({op}): {problem}"
             return None
-        except IterationFailed as exc:
+        except (IterationFailed, ChainFailed) as exc:
             return str(exc)
         finally:
             BUILDS.wait(timeout=300)  # no background index build writes into a deleted tree
@@ -239,9 +276,17 @@ class _Scratch:
 class _Run:
     """One replay: the source's states by version, the fleets, the feed's topic."""
 
-    def __init__(self, source: Source, fleets: list[Fleet], topic: str, servers: str) -> None:
+    def __init__(
+        self,
+        source: Source,
+        fleets: list[Fleet],
+        topic: str,
+        servers: str,
+        chains: Sequence[ChainRun] = (),
+    ) -> None:
         self.source = source
         self.fleets = fleets
+        self.chains = chains
         self.topic = topic
         self.servers = servers
         self.states: dict[int, models.State] = {}
@@ -257,11 +302,13 @@ class _Run:
     def record(self, recreated: bool = False) -> None:
         """The source's rows at every version it reached since the last look."""
         if recreated:
-            if self.fleets[0].watermark is not None:  # the feed's topic has messages
+            if self.fleets and self.fleets[0].watermark is not None:  # the feed has messages
                 self.skip = Counter(p for p, _, _ in read_topic(self.servers, self.topic))
             self.states.clear()
             for fleet in self.fleets:
                 fleet.resync()
+            for chain in self.chains:
+                chain.resync()
         latest = self.source.version()
         for version in range(min(self.states, default=0), latest + 1):
             if version not in self.states:
@@ -272,11 +319,12 @@ class _Run:
 
     def sync_and_compare(self) -> str | None:
         version = self.source.version()
-        spark_fleet = self.fleets[0]
-        if spark_fleet.watermark is None:
+        if self.fleets and self.fleets[0].watermark is None:
             self.start = version
         for fleet in self.fleets:
             fleet.sync(version)
+        for chain in self.chains:
+            chain.sync(version)
         source = self.source.read(version)
         columns = list(self.source.columns())
         for fleet in self.fleets:
@@ -284,6 +332,10 @@ class _Run:
                 problem = self._compare(fleet, name, source, version, columns)
                 if problem is not None:
                     return f"{fleet.suffix} path: {problem}"
+        for chain in self.chains:
+            problem = chain.compare(source, version)
+            if problem is not None:
+                return f"{'native' if chain.native else 'spark'} path: {problem}"
         return None
 
     def _compare(

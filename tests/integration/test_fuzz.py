@@ -1,7 +1,9 @@
 """The operation fuzzer in the suite: a few fixed seeds of random real Delta operations
 (see :mod:`devkit.fuzzing`), every consumer on both paths, every target whole against
-its model. ``scripts/fuzz.sh --seeds N`` runs many more; a failure there prints its
-seed and the shortest operation list that still fails."""
+its model, and a seed of the pipeline workload (random chains of table consumers with
+random rules, each step against the model of the chain up to it). ``scripts/fuzz.sh
+--seeds N [--workload pipelines]`` runs many more; a failure there prints its seed and
+the shortest operation list that still fails."""
 
 from __future__ import annotations
 
@@ -30,3 +32,17 @@ def test_random_real_delta_operations_leave_every_target_equal_to_its_model(
 ) -> None:
     fuzzer = Fuzzer(spark, tmp_path, kafka.bootstrap_servers)
     assert run(fuzzer, SEEDS, OPERATIONS) == []
+
+
+PIPELINE_SEED = 3
+"""A chain on each path; ``scripts/fuzz.sh --workload pipelines`` runs the others."""
+
+
+@pytest.mark.timeout(900)
+def test_random_operations_leave_every_step_of_random_chains_equal_to_its_model(
+    spark: SparkSession, kafka: LocalKafka, tmp_path: Path
+) -> None:
+    fuzzer = Fuzzer(spark, tmp_path, kafka.bootstrap_servers, workload="pipelines")
+    case = fuzzer.generate(PIPELINE_SEED, OPERATIONS)
+    assert len(case.chains) == 2, case.describe()
+    assert run(fuzzer, [PIPELINE_SEED], OPERATIONS) == []

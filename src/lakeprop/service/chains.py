@@ -62,8 +62,7 @@ class Chains:
         for member, target in written:
             if target not in read:
                 continue
-            consumer = json.loads(member.consumer_spec)
-            database, table = target_table(member.ref[0], consumer.get("options") or {})
+            database, table = _target_name(member)
             version = member.wrote[0] if member.wrote else self._latest_version(database, table)
             if version is not None:  # else a hint lost: the reader's sweep covers it
                 self._announce(CommitNotice(database, table, version))
@@ -91,7 +90,7 @@ class Chains:
                 continue
             if target is None or target not in read or origin is None:
                 continue
-            left = self._latest_version(*target)
+            left = self._latest_version(*_target_name(member))
             if left is not None:
                 member.wrote = (left, origin)
                 self.origins.wrote(target, left, origin)
@@ -151,6 +150,12 @@ def _written(results: Sequence[IterationResult]) -> Iterator[tuple[IterationResu
         for member in result.members:
             if member.ok and member.consumer_spec:
                 yield result, member
+
+
+def _target_name(member: MemberResult) -> tuple[str, str]:
+    """The (database, table) a member's consumer writes, as its options name it."""
+    consumer = json.loads(member.consumer_spec)
+    return target_table(member.ref[0], consumer.get("options") or {})
 
 
 def _target(member: MemberResult) -> Table | None:
