@@ -26,8 +26,10 @@ Meanwhile a seeded workload runs: jobs of six consumer types and three
 trigger kinds are registered, updated, paused, resynced, unregistered and
 registered again through the change log, bulk resyncs go over a table's
 jobs, and rows are inserted, updated and deleted in two source tables. One
-job reads another's target (a replica's), a two-step pipeline, and is checked
-against that target like any job against its source. After
+job reads another's target (a replica's), a two-step pipeline with a drop
+rule, and is checked against that target like any job against its source (the
+rows its rule keeps), its quarantine too: each dropped row version in it once,
+none it keeps, every row it drops now. After
 the last cycle the service runs once more, unharmed, until every live job has
 caught up and every bulk operation has ended. Then the harness checks:
 
@@ -264,6 +266,10 @@ def _has_fired(point: str) -> bool:
     return point in faults.fired()
 
 
+DROP_RULE = {"name": "at_most_40", "check": "amount <= 40", "action": "drop"}
+"""The chain's rule: rows above it go to the quarantine (about a fifth of them)."""
+
+
 def consumer_for(kind: str) -> dict[str, Any]:
     known: dict[str, dict[str, Any]] = {
         "replica": {"primary_key": ["id"]},
@@ -276,6 +282,15 @@ def consumer_for(kind: str) -> dict[str, Any]:
                 {"fn": "sum", "column": "amount", "as": "total"},
             ],
         },
+        # the same, with a rule dropping rows (updates move rows across it) to a quarantine
+        "aggr_rules": {
+            "group_by": ["name"],
+            "aggregates": [
+                {"fn": "count", "as": "n"},
+                {"fn": "sum", "column": "amount", "as": "total"},
+            ],
+            "expectations": [DROP_RULE],
+        },
         # change events of an ordinary table by commit version: its latest rows, its history
         "cdc1": {"keys": ["id"], "source_kind": "table"},
         "cdc2": {"keys": ["id"], "source_kind": "table", "stored_as_scd_type": 2},
@@ -287,7 +302,8 @@ def consumer_for(kind: str) -> dict[str, Any]:
             "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
         },
     }
-    return {"type": "auto_cdc" if kind.startswith("cdc") else kind, "options": known[kind]}
+    types = {"cdc1": "auto_cdc", "cdc2": "auto_cdc", "aggr_rules": "aggregate_view"}
+    return {"type": types.get(kind, kind), "options": known[kind]}
 
 
 def trigger_for(rng: random.Random) -> dict[str, Any]:
@@ -687,10 +703,10 @@ gc_retention = "4s"
                 )
         # and one greedy replica, alone in its iterations: small tails on the native path
         self.register(JobKey(1, "chaos", "orders", "greedy_base"), "replica", {"kind": "greedy"})
-        # a two-step chain: an aggregate view of the replica's target
+        # a two-step chain: an aggregate view of the replica's target, with a drop rule
         self.register(
             JobKey(1, "chaos", CHAIN_SOURCE, "aggr_chain_base"),
-            "aggregate_view",
+            "aggr_rules",
             {"kind": "default"},
         )
 
@@ -1266,8 +1282,14 @@ gc_retention = "4s"
             want = rows(source.where("emb IS NOT NULL").select("id", "emb"))
             actual = rows(live.select("id", "emb")) if live is not None else []
         elif kind == "aggregate_view":
-            batch = source.groupBy("name").agg(
-                F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")
+            rules = consumer["options"].get("expectations") or []
+            kept = " AND ".join(f"coalesce({r['check']}, false)" for r in rules) or "true"
+            if rules:
+                self.check_quarantine(key, source, kept)
+            batch = (
+                source.where(kept)
+                .groupBy("name")
+                .agg(F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total"))
             )
             want, actual = rows(batch), rows(target.select("name", "n", "total"))
         else:
@@ -1285,6 +1307,23 @@ gc_retention = "4s"
                 f"{key} ({consumer['type']}) at version {version}: "
                 f"{len(set(map(str, want)) ^ set(map(str, actual)))} row(s) differ"
             )
+
+    def check_quarantine(self, key: JobKey, source: DataFrame, kept: str) -> None:
+        """The job's quarantine holds each row version its rules dropped once, none
+        they keep, and every row of the source at the watermark they drop (its
+        latest version came from the last snapshot or a later change: both set
+        aside what they dropped)."""
+        path = self.table_path(f"{key.table}_{key.job_name}__quarantine")
+        if DeltaTable.isDeltaTable(self.spark, path):
+            held = self.spark.read.format("delta").load(path)
+        else:
+            held = source.limit(0).withColumn("__source_version", F.lit(0).cast("long"))
+        twice = held.groupBy("id", "__source_version").count().where("count > 1")
+        self.differ(f"{key} quarantine: row versions held twice", [], rows(twice))
+        self.differ(f"{key} quarantine: rows the rules keep", [], rows(held.where(kept)))
+        dropped = source.where(f"NOT ({kept})").select("id")
+        missing = dropped.subtract(held.select("id"))
+        self.differ(f"{key} quarantine: dropped rows missing", [], rows(missing))
 
     def check_history(
         self, key: JobKey, spec: dict[str, Any], successes: list[Row], watermark: int
