@@ -1312,7 +1312,7 @@ gc_retention = "4s"
         """The job's quarantine holds each row version its rules dropped once, none
         they keep, and every row of the source at the watermark they drop (its
         latest version came from the last snapshot or a later change: both set
-        aside what they dropped)."""
+        aside what they dropped), as it is now."""
         path = self.table_path(f"{key.table}_{key.job_name}__quarantine")
         if DeltaTable.isDeltaTable(self.spark, path):
             held = self.spark.read.format("delta").load(path)
@@ -1321,8 +1321,8 @@ gc_retention = "4s"
         twice = held.groupBy("id", "__source_version").count().where("count > 1")
         self.differ(f"{key} quarantine: row versions held twice", [], rows(twice))
         self.differ(f"{key} quarantine: rows the rules keep", [], rows(held.where(kept)))
-        dropped = source.where(f"NOT ({kept})").select("id")
-        missing = dropped.subtract(held.select("id"))
+        dropped = source.where(f"NOT ({kept})").select("id", "name", "amount")
+        missing = dropped.subtract(held.select("id", "name", "amount"))
         self.differ(f"{key} quarantine: dropped rows missing", [], rows(missing))
 
     def check_history(

@@ -27,8 +27,9 @@ from lakeprop.engine.native import NativeSettings
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.resolve import Tables
 
-RULES = ("v >= 20", "name IS NOT NULL", "grp <> 1", "v % 3 <> 0")
-"""The ``drop`` rules a step may carry (on the source's columns)."""
+RULES = ("v >= 20", "length(name) > 8", "grp <> 1", "v % 3 <> 0")
+"""The ``drop`` rules a step may carry (on the source's columns; a NULL name makes
+the second one NULL, which drops too)."""
 FIRST = ("replica", "cdc", "agg")
 FOLLOWERS: dict[str, tuple[str, ...]] = {
     "replica": ("replica", "cdc", "agg", "index"),
@@ -139,10 +140,11 @@ class ChainRun:
         return self.tables.path_for(self.database, self._table(k + 1))
 
     def resync(self) -> None:
-        """The source was re-created: the first step starts again from a snapshot
-        (the others read its overwrite as a change)."""
+        """The source was re-created: every step starts again from a snapshot, as
+        the service's error says to (the re-created table may lack a column an
+        earlier one had, which a downstream tail refuses)."""
         self.generation += 1
-        self.watermarks[0] = None
+        self.watermarks = [None] * len(self.steps)
 
     def sync(self, version: int) -> None:
         for k, step in enumerate(self.steps):
@@ -152,7 +154,7 @@ class ChainRun:
             if start is not None and start >= to:
                 continue
             consumer = step.consumer()
-            if k == 0 and self.generation:
+            if self.generation:
                 consumer["generation"] = self.generation
             spec = JobSpec.from_json({"iteration": {"consumer": consumer}})
             kind = IterationKind.SNAPSHOT if start is None else IterationKind.TAIL

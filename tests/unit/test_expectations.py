@@ -129,6 +129,11 @@ def test_origins_credit_each_version_of_a_table_with_the_commit_it_reflects() ->
         origins.wrote(scd1, version, Origin(events, float(version)))
     assert origins.upstream(scd1, 5) is None
     assert origins.upstream(("db", "other"), 1) is None
+    # after a restart the upstream wrote first, then a slower reader reads an older
+    # version: what the history recorded of it
+    again = Origins(restore)
+    again.wrote(scd1, 6, Origin(events, 90.0))
+    assert again.upstream(scd1, 4) == Origin(events, 50.0)
 
 
 def test_an_iteration_tells_its_events() -> None:

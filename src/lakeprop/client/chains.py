@@ -19,7 +19,8 @@ from lakeprop.client.scans import Condition, Query, eq
 from lakeprop.client.views import JobInfo
 from lakeprop.errors import InvalidArgumentError
 from lakeprop.pipeline.graph import Node, Table, table_of
-from lakeprop.spec import JobKey, target_table
+from lakeprop.spec import JobKey, JobSpec, target_table
+from lakeprop.state.history import consumer_digest
 from lakeprop.state.store import HISTORY_TABLE
 
 
@@ -45,7 +46,8 @@ class PipelineReader(StateReader):
         """
         deadline = time.monotonic() + timeout
         steps = self.chain_between(origin, key)
-        at = self.source_version(*origin) if version == LATEST else version
+        first = steps[0]  # its names as registered, not as the caller spelled them
+        at = self.source_version(first.database, first.table) if version == LATEST else version
         if not isinstance(at, int) or isinstance(at, bool) or at < 0:
             raise InvalidArgumentError(
                 f"version must be a Delta version (>= 0) or {LATEST!r}, got {version!r}"
@@ -64,33 +66,39 @@ class PipelineReader(StateReader):
         writer: dict[Table, Node] = {n.target: n for n in nodes if n.target is not None}
         node = next((n for n in nodes if n.key == key), None)
         if node is None:
-            raise InvalidArgumentError(f"job {key} is not a live job")
+            raise InvalidArgumentError(
+                f"job {key} is not a live job (is it registered, and has the service applied it?)"
+            )
         first, chain = table_of(*origin), [node]
         while chain[0].source != first:
             upstream = writer.get(chain[0].source)
             if upstream is None or upstream in chain:
                 raise InvalidArgumentError(
                     f"job {key} is not downstream of {'.'.join(first)}: "
-                    f"{'.'.join(chain[0].source)} is read by {chain[0].key} and written by "
-                    "no job"
+                    f"{'.'.join(chain[0].source)}, which {chain[0].key} reads, is written by "
+                    + ("no job" if upstream is None else "a job of the chain itself")
                 )
             chain.insert(0, upstream)
         return [n.key for n in chain]
 
     def _version_left(self, job: JobInfo, consumed: int) -> int:
         """The version of its target ``job`` left when it consumed source version
-        ``consumed``: its first successful write at or past it. A history without
-        it (a release that did not record it) answers with the target's version now,
-        which is at least that."""
+        ``consumed``: its current consumer's first successful write at or past it
+        (a resync starts a new consumer: what an earlier one wrote does not count).
+        A history without it (a release that did not record it) answers with the
+        target's version now, which is at least that."""
+        digest = consumer_digest(JobSpec.from_json(job.spec).iteration.consumer.canonical())
         where = (
             eq("database", job.key.database),
             eq("table", job.key.table),
             Condition("to_version", ">=", consumed),
             eq("job_id", job.job_id),
+            eq("consumer_digest", digest),
             eq("error_code", 0),
         )
+        columns = ("database", "table", "to_version", "ended_at", "members")
         runs = self._read(
-            HISTORY_TABLE, Query(("to_version", "members"), where, ("to_version",), "members")
+            HISTORY_TABLE, Query(columns, where, ("to_version", "ended_at"), "members")
         )
         left = [r["target_version"] for r in runs if r.get("target_version") is not None]
         if left:

@@ -229,7 +229,10 @@ class Runner:
             return 0
         rows = self.catalog.by_id()
         names = {r.job_id: r.job_name for r in rows.values()}
-        self.chains.follow(results)
+        try:
+            self.chains.follow(results)
+        except Exception as exc:  # freshness is a report: it never fails the batch
+            log.warning("could not follow the chains' origins: %s", exc)
         records = [r.record(names) for r in results]
         if self.ownership.clustered:
             owner_of = self.ownership.owner_of
