@@ -10,12 +10,18 @@ import pytest
 
 from devkit.memscan import MemoryScan
 from devkit.specs import job_row, replica_spec
+from lakeprop.client.chains import PipelineReader
 from lakeprop.client.log import Receipt
 from lakeprop.client.reads import StateReader
 from lakeprop.client.scans import Condition, Query
 from lakeprop.config import StateConfig
-from lakeprop.errors import PermanentError, StateNotFoundError
-from lakeprop.spec import JobKey
+from lakeprop.errors import (
+    InvalidArgumentError,
+    PermanentError,
+    StateNotFoundError,
+    TemporaryError,
+)
+from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.history import consumer_digest
 from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import JobState
@@ -130,3 +136,52 @@ def test_a_query_keeps_the_columns_asked_and_explodes_a_list() -> None:
     ]
     assert Query(None, (Condition("b", "is null"),)).in_memory(rows) == [rows[0]]
     assert Query(None, (Condition("b", ">=", 0),)).in_memory(rows) == [rows[1]]  # NULL is no match
+
+
+def test_a_wait_for_an_upstream_commit_follows_the_chain_in_each_job_s_versions() -> None:
+    """items -> items_copy -> items_copy_totals: commit 4 of items reached ``totals``
+    once ``copy`` consumed 4 (it left items_copy at 9, its current consumer's first
+    write at or past 4) and ``totals`` consumed 9; a run of an earlier consumer of
+    ``copy`` (before a resync) does not count."""
+    copy_key, totals_key = (
+        JobKey(1, "shop", "items", "copy"),
+        JobKey(1, "shop", "items_copy", "totals"),
+    )
+    totals_spec = JobSpec.from_json(
+        {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
+    )
+    digest = consumer_digest(replica_spec().iteration.consumer.canonical())
+
+    def wrote(to_version: int, left: int, consumer: str = digest) -> dict[str, object]:
+        member = {"job_id": 1, "error_code": 0, "consumer_digest": consumer, "target_version": left}
+        return {
+            "database": "shop",
+            "table": "items",
+            "to_version": to_version,
+            "ended_at": T0,
+            "members": [member],
+        }
+
+    def reader(totals_at: int) -> PipelineReader:
+        scan = MemoryScan()
+        rows = [
+            job_row(copy_key, 1, watermark=6, at=T0),
+            job_row(totals_key, 2, watermark=totals_at, at=T0, spec=totals_spec),
+        ]
+        scan.write(STATE.table_path(CATALOG_TABLE), [catalog_row(r) for r in rows])
+        history = [
+            wrote(3, 7),
+            wrote(4, 30, consumer="an earlier consumer"),
+            wrote(5, 9),
+            wrote(6, 11),
+        ]
+        scan.write(STATE.table_path(HISTORY_TABLE), history)
+        return PipelineReader(STATE, scan=scan)
+
+    assert reader(9).chain_between(("shop", "items"), totals_key) == [copy_key, totals_key]
+    reached = reader(9).wait_for_origin(totals_key, ("Shop", "Items"), 4, timeout=0)
+    assert reached.key == totals_key and reached.watermark == 9
+    with pytest.raises(TemporaryError, match="did not reach version 9"):
+        reader(8).wait_for_origin(totals_key, ("shop", "items"), 4, timeout=0)
+    with pytest.raises(InvalidArgumentError, match=r"not downstream of shop\.other"):
+        reader(9).wait_for_origin(totals_key, ("shop", "other"), 4, timeout=0)
