@@ -149,7 +149,7 @@ def test_a_change_goes_through_a_chain_of_three_jobs_in_one_pass(
         assert_the_last_table_is_the_model(spark, config, path)
         version = commit(spark, path, "DELETE FROM {t} WHERE id = 1")
         client.notify_commit("p", "events", version)
-        where = ["--database", "p", "--table", OUT.table, "--name", OUT.job_name]
+        where = ["--account", "1", "--database", "p", "--table", OUT.table, "--name", OUT.job_name]
         wait = ["wait", *where, "--origin", f"p.events@{version}", "--timeout", "90"]
         assert cli.main([*cli_settings(config), *wait]) == 0
         assert_the_last_table_is_the_model(spark, config, path)
