@@ -9,6 +9,7 @@ instances'.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -71,3 +72,28 @@ def test_the_leader_counts_an_iteration_another_instance_recorded_after_it_refre
     )
     assert table == usage_of(spark.read.format("delta").load(history.path).collect())
     assert [r.job_id for r in table] == [1, 2]
+
+
+def test_an_instance_that_created_the_history_reads_what_another_recorded_in_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # the first instance to start creates the table; another records its iterations
+    # before the first has recorded any: a slot the first takes over is rolled
+    # forward from them, and a downstream job's freshness is credited from them
+    created = IterationHistory(spark, str(tmp_path / "iterations"))
+    created.ensure()
+    other = IterationHistory(spark, created.path)
+    other.ensure()
+    assert created.is_new and not other.is_new
+    ended = datetime(2026, 12, 2, 19, 39, 39)
+    member = replace(
+        iteration(7, ended).members[0],
+        target_version=5,
+        target_origin_table="db.events",
+        target_origin_at=ended - timedelta(seconds=9),
+    )
+    other.record([replace(iteration(7, ended), members=[member])])
+
+    assert not created.is_new
+    assert created.latest_success() == {(7, None): (2, ended)}
+    assert created.writes_of("db", "t", 7, 10) == [(5, "db.events", ended - timedelta(seconds=9))]

@@ -132,7 +132,11 @@ class IterationHistory:
 
     @property
     def is_new(self) -> bool:
-        """Created by this process and not written since: empty."""
+        """Created by this process and written by no one since: empty. Another
+        instance sharing the state may have written it, so the log is looked at
+        until it has been written."""
+        if self._created:
+            self._created = state.untouched(self.spark, self.path)
         return self._created
 
     def record(self, records: Sequence[IterationRecord], signed: Signed | None = None) -> None:
@@ -166,7 +170,7 @@ class IterationHistory:
         ``database`` and ``table`` narrow it to one source table's jobs (Delta
         skips the files of other tables by their statistics).
         """
-        if self._created:  # new, so empty
+        if self.is_new:  # so empty
             return {}
         df = state.read_table(self.spark, self.path)
         if database is not None and table is not None:
@@ -194,7 +198,7 @@ class IterationHistory:
         """The newest ``limit`` versions job ``job_id`` (of source ``database.table``)
         left its target at, each with the origin it reflects: ``(target_version,
         origin_table, origin_at)``, oldest first."""
-        if self._created:
+        if self.is_new:
             return []
         df = state.read_table(self.spark, self.path)
         df = df.where((F.col("database") == database) & (F.col("table") == table))

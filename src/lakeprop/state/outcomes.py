@@ -205,7 +205,9 @@ class OutcomeTables:
 
     def load(self) -> None:
         """Learn the highest offset with a verdict per partition (at every start)."""
-        if self._created:  # both tables are new, so empty
+        if self._created and all(  # both tables are new, so empty
+            state.untouched(self.spark, p) for p in (self.requests_path, self.rejects_path)
+        ):
             self._highest = {}
             return
         written = (

@@ -82,6 +82,13 @@ def ensure_table(
     return True
 
 
+def untouched(spark: SparkSession, path: str) -> bool:
+    """Whether the table :func:`ensure_table` created is still at its creation
+    (version 0): written by no one since, this process or another instance sharing
+    the state, so empty. A listing of its log, no Spark job."""
+    return DeltaLogProbe(spark).latest_version(path) == 0
+
+
 def read_table(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.format("delta").load(path)
 
