@@ -51,19 +51,20 @@ class Origins:
     def __init__(self, restore: Callable[[Table], Iterable[Written]] = lambda _t: ()) -> None:
         self._of: dict[Table, list[Written]] = {}
         self._restore = restore
-        self._asked: set[Table] = set()
-        """The tables ``restore`` was asked for."""
+        self._asked: dict[Table, int] = {}
+        """Per table, the highest version ``restore`` was asked for."""
 
     def upstream(self, source: Table, version: int) -> Origin | None:
         """The origin that version ``version`` of ``source`` (a job's target)
         reflects: that of the last write at or before it (None: not known).
 
         What this process has not seen is asked of ``restore``: once per table (a
-        restart), and again for any version newer than every write known (another
-        instance wrote it, and its history row may land after the reader asks)."""
+        restart), and again for a version newer than any asked for before and any
+        write seen (another instance wrote it)."""
         kept = self._of.get(source, [])
-        if source not in self._asked or version > (kept[-1][0] if kept else -1):
-            self._asked.add(source)
+        newest = max(kept[-1][0] if kept else -1, self._asked.get(source, -1))
+        if source not in self._asked or version > newest:
+            self._asked[source] = max(version, self._asked.get(source, -1))
             for written in self._restore(source):
                 self.wrote(source, *written)
         found = [origin for at, origin in self._of.get(source, ()) if at <= version]
