@@ -9,7 +9,12 @@ A pipeline of three steps under a trickle of commits, built two ways:
   event table only: the later steps are due because the step before wrote.
   It runs twice, with five expectations on the first job (all kept: their
   cost, not their effect, is measured) and then without, each with three
-  iteration workers, one per step;
+  iteration workers, one per step; then, without the rules, on two instances
+  (``spark-submit.sh`` processes of one core each, the same two cores between
+  them) sharing the tables through the membership group, so that a step's
+  next one may be served by the other instance: the commit announcement
+  crosses between them (its baseline is the one in-process instance, on both
+  cores, of the run without rules);
 * DIY: the same chain as three Structured Streaming queries, each with a
   ``processingTime`` trigger (``trigger`` seconds): the event table's new rows
   MERGEd (latest event per key, newer sequence wins) into an SCD type 1 table;
@@ -31,10 +36,13 @@ and the last message of every group on its topic equals the view's row.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +53,12 @@ from pyspark.sql import functions as F
 from bench.common import Figure, Result, app_config, eventually, percentile, same_rows
 from bench.latency import _commit_time, _diy_visible, _lakeprop_visible
 from bench.many import cpu_seconds, jvm_pid
+from devkit.instances import Instance, settled, small_data_conf, stopped_at_exit
 from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig, ClusterConfig
 from lakeprop.service.app import PropagationApp
 from lakeprop.spec import JobKey
+from lakeprop.state.store import HISTORY_TABLE
 
 TITLE = "chain"
 """The benchmark's name in its results."""
@@ -67,6 +78,8 @@ RULES = [
 ]
 """Five rules on the first job, every event keeps them; the last is checked on the
 keys each range wrote, against the event table at the range's end."""
+STEP_SOURCES = ("events", "events_scd1", "events_scd1_agg")
+"""The table each step reads, in the chain's order."""
 WORKERS = 3
 """The service's iteration workers: one per step, as the DIY side runs three queries."""
 BOUND_S = 180
@@ -237,10 +250,7 @@ def _measured(
     out.step_p50, out.step_p95 = percentile(step, 0.5), percentile(step, 0.95)
 
 
-def _lakeprop(
-    spark: SparkSession, workdir: Path, bootstrap_servers: str, settings: Settings, rules: bool
-) -> Measured:
-    out = Measured()
+def _config(workdir: Path, bootstrap_servers: str) -> AppConfig:
     config = app_config(workdir, bootstrap_servers, workers=WORKERS)
     notifications = replace(
         config.notifications,
@@ -248,15 +258,14 @@ def _lakeprop(
         topic=f"{config.kafka.topic}.commits",
         sweep_interval=3600.0,
     )
-    config = replace(config, tick_interval=10.0, notifications=notifications)
-    warehouse = config.tables.warehouse
-    events = f"{warehouse}/db/events"
-    _events_table(spark, events, settings)
-    topic = f"{config.kafka.topic}.feed"
+    return replace(config, tick_interval=10.0, notifications=notifications)
+
+
+def _jobs(topic: str, bootstrap_servers: str, rules: bool) -> list[tuple[JobKey, str, Any]]:
     cdc: dict[str, Any] = {"keys": ["id"], "sequence_by": "seq", "stored_as_scd_type": 1}
     if rules:
         cdc["expectations"] = RULES
-    jobs = [
+    return [
         (JobKey(1, "db", "events", "scd1"), "auto_cdc", cdc),
         (
             JobKey(1, "db", "events_scd1", "agg"),
@@ -269,17 +278,50 @@ def _lakeprop(
             {"topic": topic, "bootstrap_servers": bootstrap_servers, "primary_key": ["name"]},
         ),
     ]
-    client = LakepropClient(config.kafka, config.state, spark, notifications=notifications)
+
+
+def _register(spark: SparkSession, client: LakepropClient, warehouse: str, jobs: list[Any]) -> None:
+    for key, kind, options in jobs:  # each once the target it reads exists
+        client.register_job(key, {"iteration": {"consumer": {"type": kind, "options": options}}})
+        client.wait_for_watermark(key, _latest(spark, f"{warehouse}/db/{key.table}"), timeout=600)
+
+
+def _checked(
+    spark: SparkSession,
+    config: AppConfig,
+    commits: list[tuple[int, int, str]],
+    topic: str,
+    out: Measured,
+) -> Measured:
+    """The latencies, and whether the view and the feed are right."""
+    warehouse = config.tables.warehouse
+    events = f"{warehouse}/db/events"
+    messages = _messages(config.kafka.bootstrap_servers, topic)
+    _measured(
+        spark, commits, events, _lakeprop_visible(f"{warehouse}/db/events_scd1"), messages, out
+    )
+    view = (
+        spark.read.format("delta")
+        .load(f"{warehouse}/db/events_scd1_agg")
+        .select("name", "n", "total", "last")
+    )
+    out.equal = same_rows(view, _truth(spark, events)) and _feed_matches(view, messages)
+    return out
+
+
+def _lakeprop(
+    spark: SparkSession, workdir: Path, bootstrap_servers: str, settings: Settings, rules: bool
+) -> Measured:
+    out = Measured()
+    config = _config(workdir, bootstrap_servers)
+    events = f"{config.tables.warehouse}/db/events"
+    _events_table(spark, events, settings)
+    topic = f"{config.kafka.topic}.feed"
+    client = LakepropClient(config.kafka, config.state, spark, notifications=config.notifications)
     app = PropagationApp(spark, config)
     query = app.start()
     try:
-        for key, kind, options in jobs:  # each once the target it reads exists
-            client.register_job(
-                key, {"iteration": {"consumer": {"type": kind, "options": options}}}
-            )
-            client.wait_for_watermark(
-                key, _latest(spark, f"{warehouse}/db/{key.table}"), timeout=600
-            )
+        _register(spark, client, config.tables.warehouse, _jobs(topic, bootstrap_servers, rules))
         pid = jvm_pid(spark)
         cpu, started = cpu_seconds(pid), time.monotonic()
         commits = _trickle(events, settings, lambda v: client.notify_commit("db", "events", v))
@@ -291,17 +333,92 @@ def _lakeprop(
         app.stop_query(query)
         app.shutdown()
         client.close()
-    messages = _messages(bootstrap_servers, topic)
-    _measured(
-        spark, commits, events, _lakeprop_visible(f"{warehouse}/db/events_scd1"), messages, out
+    return _checked(spark, config, commits, topic, out)
+
+
+def _instances(
+    spark: SparkSession, workdir: Path, bootstrap_servers: str, settings: Settings, count: int
+) -> tuple[Measured, int]:
+    """The chain without rules on ``count`` instance processes sharing the tables; what
+    it measured, and how many of its two hops (a step to the next) crossed from one
+    instance to another over the trickle."""
+    out = Measured()
+    config = _config(workdir, bootstrap_servers)
+    events = f"{config.tables.warehouse}/db/events"
+    _events_table(spark, events, settings)
+    topic = f"{config.kafka.topic}.feed"
+    seed = PropagationApp(spark, config)
+    seed.prepare()
+    seed.shutdown()
+    cluster = ClusterConfig(
+        enabled=True,
+        topic=f"{config.kafka.topic}.members",
+        slots=16,
+        session_timeout=10.0,
+        heartbeat_interval=1.0,
     )
-    view = (
-        spark.read.format("delta")
-        .load(f"{warehouse}/db/events_scd1_agg")
-        .select("name", "n", "total", "last")
+    notifications = config.notifications
+    service = {
+        "tick_interval": f'"{config.tick_interval:g}s"',
+        "engine.workers": str(WORKERS),
+        "notifications.enabled": "true",
+        "notifications.topic": notifications.topic,
+        "notifications.sweep_interval": f'"{notifications.sweep_interval:g}s"',
+    }
+    conf = {**small_data_conf(), "spark.driver.memory": "2g"}
+    started = {
+        name: Instance(name, config, workdir, cluster, conf, service).start()
+        for name in (f"i{n}" for n in range(count))
+    }
+    client = LakepropClient(config.kafka, config.state, spark, notifications=notifications)
+    tables = [("db", t) for t in STEP_SOURCES]
+    try:
+        with stopped_at_exit(started) as running:
+            settled(config.kafka, cluster, tables, set(running))
+            _register(
+                spark, client, config.tables.warehouse, _jobs(topic, bootstrap_servers, False)
+            )
+            sessions = [i.session() for i in running.values()]
+            jvm = jvm_pid(spark)  # the trickle's writes and announcements, as on one instance
+            cpu, began = _sessions_cpu(sessions, jvm), time.monotonic()
+            trickle_began = datetime.now()
+            commits = _trickle(events, settings, lambda v: client.notify_commit("db", "events", v))
+            out.delivered = eventually(
+                functools.partial(_delivered, commits[-1], bootstrap_servers, topic), BOUND_S
+            )
+            out.cpu = (_sessions_cpu(sessions, jvm) - cpu) / (time.monotonic() - began)
+    finally:
+        client.close()
+    owners = {
+        r["table"]: r["instance"]
+        for r in spark.read.format("delta")
+        .load(config.state.table_path(HISTORY_TABLE))
+        .where((F.col("outcome") == "success") & (F.col("started_at") >= trickle_began))
+        .groupBy("table", F.split("owner", "@")[0].alias("instance"))
+        .count()
+        .orderBy("count")
+        .collect()  # the instance that ran most of each step's iterations last
+    }
+    crossed = sum(
+        owners.get(upstream) != owners.get(downstream)
+        for upstream, downstream in itertools.pairwise(STEP_SOURCES)
     )
-    out.equal = same_rows(view, _truth(spark, events)) and _feed_matches(view, messages)
-    return out
+    return _checked(spark, config, commits, topic, out), crossed
+
+
+def _sessions_cpu(sessions: list[int], jvm: int) -> float:
+    """User and system CPU seconds so far of every process in these sessions (each
+    instance's driver and its JVM), of the JVM ``jvm`` and of this process."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        if int(fields[3]) in sessions:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks + cpu_seconds(jvm)
 
 
 def _latest(spark: SparkSession, path: str) -> int:
@@ -411,6 +528,7 @@ def run(
     preload: int = 1000,
     trickle: int = 60,
     trigger: int = 1,
+    instances: int = 2,
 ) -> Result:
     settings = Settings(keys, groups, preload, trickle, trigger)
     # the run with rules first: the one after it has the warmer JVM, so its rules'
@@ -418,6 +536,7 @@ def run(
     ruled = _lakeprop(spark, workdir / "ruled", bootstrap_servers, settings, rules=True)
     plain = _lakeprop(spark, workdir / "plain", bootstrap_servers, settings, rules=False)
     theirs = _diy(spark, workdir, bootstrap_servers, settings)
+    shared, crossed = _instances(spark, workdir / "shared", bootstrap_servers, settings, instances)
     return Result(
         TITLE,
         {
@@ -426,6 +545,7 @@ def run(
             "preload": preload,
             "trickle_s": trickle,
             "trigger_s": trigger,
+            "instances": instances,
         },
         [
             Figure("end-to-end p50", "s", plain.e2e_p50, theirs.e2e_p50),
@@ -452,12 +572,38 @@ def run(
                 plain.e2e_p95,
             ),
             Figure("driver CPU, five expectations (baseline: none)", "cores", ruled.cpu, plain.cpu),
+            Figure(
+                f"end-to-end p50, {instances} instances (baseline: one)",
+                "s",
+                shared.e2e_p50,
+                plain.e2e_p50,
+            ),
+            Figure(
+                f"end-to-end p95, {instances} instances (baseline: one)",
+                "s",
+                shared.e2e_p95,
+                plain.e2e_p95,
+            ),
+            Figure(
+                f"first step p50, {instances} instances (baseline: one)",
+                "s",
+                shared.step_p50,
+                plain.step_p50,
+            ),
+            Figure(
+                f"CPU over the trickle, {instances} instances (baseline: one)",
+                "cores",
+                shared.cpu,
+                plain.cpu,
+            ),
+            Figure("hops from one instance to another, of 2", "count", crossed),
         ],
         {
             "lakeprop_view_and_feed_equal": plain.equal,
             "lakeprop_with_expectations_equal": ruled.equal,
             "diy_view_and_feed_equal": theirs.equal,
-            "every_commit_delivered": plain.delivered and ruled.delivered and theirs.delivered,
+            "lakeprop_on_instances_equal": shared.equal,
+            "every_commit_delivered": all(m.delivered for m in (plain, ruled, theirs, shared)),
         },
         baseline=f"3 DIY streaming queries, {trigger} s trigger each",
     )

@@ -48,6 +48,7 @@ from bench import (  # noqa: E402
     scale,
     scale_out,
     small_tail,
+    spark_jobs,
     throughput,
     vectors,
 )
@@ -68,6 +69,7 @@ SECTIONS = (
     (pinned.TITLE, pinned),
     (object_storage.TITLE, object_storage),
     (chain.TITLE, chain),
+    (spark_jobs.TITLE, spark_jobs),
 )
 """The benchmarks in the order the page shows them: (name in the results, module)."""
 
@@ -118,6 +120,9 @@ TARGETS = {
     ("scale-out, pinned", "rate kept up with, two instances over one"): "≥ 1.8",
     ("chain", "end-to-end p50 / first step p50"): "≤ 1.5",
     ("chain", "end-to-end p50, five expectations (baseline: none)"): "≤ 1.1 x none",
+    ("spark jobs", "replica tail"): "≤ the MERGE's + 1",
+    ("spark jobs", "auto_cdc SCD 1 tail"): "≤ the MERGE's + 2",
+    ("spark jobs", "auto_cdc SCD 2 tail"): "≤ the MERGE's + 2",
 }
 """Targets the project set itself, shown beside the figures they apply to."""
 

@@ -41,6 +41,7 @@ from bench import (  # noqa: E402
     scale,
     scale_out,
     small_tail,
+    spark_jobs,
     throughput,
     vectors,
 )
@@ -71,6 +72,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "object_storage": {"jobs": 10, "ticks": 2, "rows": 50, "repeats": 1},
         "rolling_restart": {"tables": 3, "session": 60},
         "chain": {"keys": 10, "groups": 3, "preload": 10, "trickle": 2},
+        "spark_jobs": {"rows": 100, "changed": 2, "repeats": 1},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -94,6 +96,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "object_storage": {"jobs": 1000, "ticks": 20, "rows": 1000, "repeats": 5},
         "rolling_restart": {"tables": 12, "session": 180},
         "chain": {"keys": 200, "groups": 10, "preload": 1000, "trickle": 60},
+        "spark_jobs": {"rows": 1000, "changed": 10, "repeats": 3},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -123,6 +126,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "object_storage": {"jobs": 1000, "ticks": 30, "rows": 1000, "repeats": 9},
         "rolling_restart": {"tables": 24, "session": 180},
         "chain": {"keys": 2000, "groups": 50, "preload": 100_000, "trickle": 120},
+        "spark_jobs": {"rows": 100_000, "changed": 1000, "repeats": 5},
     },
 }
 
@@ -148,6 +152,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "object_storage": object_storage.run,
     "rolling_restart": rolling.run,
     "chain": chain.run,
+    "spark_jobs": spark_jobs.run,
 }
 
 

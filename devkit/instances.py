@@ -134,6 +134,11 @@ class Instance:
             if name.startswith(prefix)
         }
 
+    def session(self) -> int:
+        """The session (and process group) of the driver and its JVM: the
+        ``setsid`` child of ``spark-submit.sh``."""
+        return self._group()
+
     def _group(self) -> int:
         """The process group of spark-submit (the JVM and the Python driver)."""
         assert self.process is not None

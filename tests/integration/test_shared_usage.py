@@ -4,7 +4,7 @@ after it last refreshed their hour.
 
 A :class:`UsageTable` in shared mode stands in for the leader's, on real Delta
 tables; iterations appended to the history without telling it are the other
-instances'.
+instances'. So is the history an instance created: the others write it too.
 """
 
 from __future__ import annotations

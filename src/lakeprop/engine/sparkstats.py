@@ -22,8 +22,17 @@ LISTENER_WAIT_MS = 2000
 
 
 def group_jobs(spark: SparkSession, group: str) -> list[int]:
-    """The Spark jobs launched in job group ``group``."""
+    """The Spark jobs launched in job group ``group`` (once the listener bus has
+    delivered the last job starts, or :data:`LISTENER_WAIT_MS` has passed)."""
+    _drain(spark)
     return list(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def _drain(spark: SparkSession) -> None:
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(LISTENER_WAIT_MS)
+    except Exception:  # a busy bus, or a Spark without it: what the store has seen
+        log.debug("listener bus not drained within %d ms", LISTENER_WAIT_MS)
 
 
 def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
@@ -31,12 +40,8 @@ def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
     over tasks, so two cores busy for one second count two)."""
     context = spark.sparkContext
     try:
-        jvm_context = context._jsc.sc()
-        try:
-            jvm_context.listenerBus().waitUntilEmpty(LISTENER_WAIT_MS)
-        except Exception:  # a busy bus: count what the store has seen so far
-            log.debug("listener bus not drained within %d ms", LISTENER_WAIT_MS)
-        store = jvm_context.statusStore()
+        _drain(spark)
+        store = context._jsc.sc().statusStore()
         tracker = context.statusTracker()
         stages = {s for j in jobs if (info := tracker.getJobInfo(j)) for s in info.stageIds}
         total_ms = 0
