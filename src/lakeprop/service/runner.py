@@ -24,8 +24,7 @@ previous micro-batch named (:meth:`Runner.next_batch_at`).
    ones get iterations, which go to the scheduler and run on while this
    micro-batch returns. Their jobs turn pending, then running, in memory only:
    the catalog table is written when something durable changes.
-4. Housekeeping on intervals (:mod:`lakeprop.engine.housekeeping`), among it
-   the flush of what the catalog holds in memory only.
+4. Housekeeping on intervals (:mod:`lakeprop.engine.housekeeping`), the flush among it.
 5. Bulk operations (:mod:`lakeprop.bulk`): the next few tasks of the running
    ones are applied to the catalog, after their tables say so.
 6. One catalog commit of what changed durably (the change log, errors, bulk
