@@ -10,8 +10,9 @@ version), ``fulltext_index`` (of ``name``), ``kafka_changefeed``, and the
 replica again with five expectations. Each repeat updates ``changed`` rows in
 one commit and runs every job's tail over it on Spark (the engine's own
 iteration, as the service runs one that is not small enough for the native
-path), and counts the Spark jobs in the iteration's job group, Delta's own
-included (the history's ``spark_jobs``).
+path: the native path is on, bounded below the change set), and counts the
+Spark jobs in the iteration's job group, Delta's own included (the history's
+``spark_jobs``).
 
 The baseline is the MERGE a user writes to keep a copy: the same commit's
 change feed read, the last change per key, one MERGE into a copy of the
@@ -34,6 +35,7 @@ from devkit.harness import SOURCE_SCHEMA as SCHEMA
 from devkit.harness import cdf_table, latest_version
 from devkit.iterations import HandDriven
 from lakeprop.engine.fanout import session_confs, small_confs
+from lakeprop.engine.native import NativeSettings
 from lakeprop.engine.sparkstats import group_jobs
 from lakeprop.spec import JobKey
 
@@ -48,6 +50,10 @@ RULES = [
     {"name": "one_row_per_id", "unique": ["id"], "action": "fail"},
 ]
 """Five rules every row keeps: their cost, not their effect."""
+
+ON_SPARK = NativeSettings(max_rows=1)
+"""The service's native settings with a bound below every change set: each tail runs
+on Spark, as one too large for the driver does, and may read tables' logs there."""
 
 AGGREGATES = [
     {"fn": "count", "as": "n"},
@@ -107,7 +113,14 @@ def run(
     start = latest_version(spark, path)
     topic = f"bench-jobs-{workdir.name}"
     jobs = {
-        name: HandDriven(spark, warehouse, JobKey(1, "db", "src", f"j{n}"), consumer, job_id=n + 1)
+        name: HandDriven(
+            spark,
+            warehouse,
+            JobKey(1, "db", "src", f"j{n}"),
+            consumer,
+            job_id=n + 1,
+            native=ON_SPARK,
+        )
         for n, (name, consumer) in enumerate(consumers(bootstrap_servers, topic).items())
     }
     copy = f"{warehouse}/db/copy"

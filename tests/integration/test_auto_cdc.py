@@ -25,6 +25,7 @@ from pyspark.sql.types import StructType
 
 from devkit import cdc_model as model
 from devkit.iterations import HandDriven, recorded_versions
+from lakeprop.engine.native import NativeSettings
 from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,18 @@ class EventTable:
         return model.events_of_rows(rows, ["id"], ["seq"], columns, kind)
 
 
-def job(spark: SparkSession, table: EventTable, name: str, **options: Any) -> HandDriven:
+ON_SPARK = NativeSettings(max_rows=1)
+"""The service's native settings with a bound below every range: each iteration runs
+on Spark as the service runs it (which may read a table's log in the driver)."""
+
+
+def job(
+    spark: SparkSession,
+    table: EventTable,
+    name: str,
+    native: NativeSettings | None = ON_SPARK,
+    **options: Any,
+) -> HandDriven:
     consumer = {
         "type": "auto_cdc",
         "options": {
@@ -76,7 +88,9 @@ def job(spark: SparkSession, table: EventTable, name: str, **options: Any) -> Ha
             **options,
         },
     }
-    return HandDriven(spark, table.warehouse, JobKey(1, "db", "events", name), consumer)
+    return HandDriven(
+        spark, table.warehouse, JobKey(1, "db", "events", name), consumer, native=native
+    )
 
 
 def expected_frame(
@@ -188,6 +202,45 @@ def test_every_target_version_equals_the_events_applied_in_sequence_order(
                 f"{source_version}"
             ) from exc
     assert deleted_somewhere, "the workload never left a key deleted: it tests too little"
+
+
+def test_a_job_with_no_tombstone_yet_skips_reading_them_and_a_late_upsert_stays_dead(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Until its first delete an SCD 1 job's tombstone table has no file: its log says
+    so in the driver, and the range is decided without reading it (fewer Spark jobs
+    than the same job that may not read logs there). The delete that fills it is
+    remembered, so an upsert from before it arriving later stays dead."""
+    table = EventTable(spark, tmp_path)
+    table.commit([{"id": 1, "seq": 1, "op": "U", "a": 1}, {"id": 2, "seq": 1, "op": "U", "a": 2}])
+    driven = job(spark, table, "driven")
+    spark_only = job(spark, table, "spark_only", native=None)
+    for each in (driven, spark_only):
+        each.snapshot(table.version)
+    steps: list[list[dict[str, Any]]] = [
+        [{"id": 1, "seq": 3, "op": "U", "a": 3}, {"id": 3, "seq": 2, "op": "U", "a": 30}],
+        [{"id": 1, "seq": 10, "op": "D"}],
+        [{"id": 1, "seq": 5, "op": "U", "a": 5}, {"id": 2, "seq": 6, "op": "U", "a": 6}],
+    ]
+    jobs: list[tuple[int, int]] = []
+    for rows in steps:
+        table.commit(rows)
+        jobs.append(
+            (driven.tail(table.version).spark_jobs, spark_only.tail(table.version).spark_jobs)
+        )
+        expected = model_of({}, table.events(table.version))
+        for each in (driven, spark_only):
+            actual = each.read()
+            assert_df_equality(
+                actual,
+                expected_frame(spark, expected, actual.schema),
+                ignore_row_order=True,
+                ignore_nullable=True,
+            )
+    assert {r["id"] for r in model_of({}, table.events(table.version))} == {2, 3}
+    # no tombstone yet (the first two ranges): fewer jobs; the last range reads them
+    assert jobs[0][0] < jobs[0][1] and jobs[1][0] < jobs[1][1], jobs
+    assert jobs[2][0] == jobs[2][1], jobs
 
 
 def test_a_range_applied_again_or_overlapping_changes_nothing(

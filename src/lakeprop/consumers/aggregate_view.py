@@ -184,8 +184,12 @@ class AggregateViewConsumer(Consumer):
         applied = self.applied_version()
         if applied is not None and applied >= to_version:
             return 0
+        rows = self.context.change_rows  # the rows handed over, when the engine counted them
         if applied is not None and applied > from_version:
             changes = changes.where(F.col("_commit_version") > applied)
+            rows = None
+        if rows == 0:
+            return 0
         kind = F.col("_change_type")
         sign = F.when(kind.isin("insert", "update_postimage"), 1).otherwise(-1)
         signed = changes.withColumn("_lp_sign", sign)
@@ -211,7 +215,8 @@ class AggregateViewConsumer(Consumer):
             signed.groupBy(*self.group_by).agg(*deltas) if self.group_by else signed.agg(*deltas)
         ).persist()
         try:
-            if delta.where(F.col("_d_rows").isNotNull()).limit(1).count() == 0:
+            # a change row gives its group a count: uncounted rows are looked for
+            if rows is None and delta.where(F.col("_d_rows").isNotNull()).limit(1).count() == 0:
                 return 0
             return self._merge(delta, to_version)
         finally:
@@ -245,15 +250,15 @@ class AggregateViewConsumer(Consumer):
         columns += [self._candidate(a).alias(a["as"]) for a in extremes]
         columns.append(recompute.alias("_lp_recompute"))
         updated = joined.select(*columns)
-        if extremes:
-            updated = self._recompute_extremes(updated, extremes, to_version)
-        shaped = self._shape(updated).persist()
+        if not extremes:  # not held: the MERGE materialises its source once itself
+            return self._write(self._shape(updated), to_version)
+        # held: looking for groups to recompute reads the view, and the MERGE reads it again
+        updated = updated.persist()
         try:
-            written = int(shaped.count())
-            self._write(shaped, to_version)
+            exact = self._recompute_extremes(updated, extremes, to_version)
+            return self._write(self._shape(exact), to_version)
         finally:
-            shaped.unpersist()
-        return written
+            updated.unpersist()
 
     @staticmethod
     def _candidate(aggregate: Mapping[str, Any]) -> Column:
@@ -262,7 +267,8 @@ class AggregateViewConsumer(Consumer):
         alias = aggregate["as"]
         return merge(F.col(f"v.{alias}"), F.col(f"d._ins_{alias}"))
 
-    def _write(self, shaped: DataFrame, to_version: int) -> None:
+    def _write(self, shaped: DataFrame, to_version: int) -> int:
+        """The groups' new rows merged into the view; the view rows it wrote."""
         on = _null_safe(self.group_by, "t", "s")
         assignments: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in shaped.columns}
         merge = self.target.delta().alias("t").merge(shaped.alias("s"), on)
@@ -277,7 +283,8 @@ class AggregateViewConsumer(Consumer):
                 values=assignments
             )
         with self.context.idempotent(to_version):
-            merge.execute()
+            metrics = merge.execute().first()
+        return 0 if metrics is None else int(metrics["num_affected_rows"])
 
     def _recompute_extremes(
         self, updated: DataFrame, extremes: list[dict[str, Any]], to_version: int

@@ -103,7 +103,10 @@ class ConsumerContext:
     held (checkpointed); None where nothing holds it (:meth:`latest_changes`)."""
     storage: Storage = field(default_factory=Storage)
     """How delta-rs reaches the tables (:meth:`Storage.options` per location), for
-    ``apply_changes_native``."""
+    ``apply_changes_native`` and, with ``driver_reads``, on the Spark path."""
+    driver_reads: bool = False
+    """On the Spark path: the native path is on, so a consumer may read a table's
+    log in the driver with delta-rs (``storage``) where that saves a Spark job."""
     keeps: str | None = None
     """The SQL condition of the job's ``drop`` rules (None: no rule drops): rows a
     consumer reads from the source itself, outside the change set it is handed,

@@ -50,6 +50,7 @@ from lakeprop.engine.sparkstats import cached_bytes, group_jobs, task_seconds
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
 from lakeprop.state.history import RuleCount
+from lakeprop.storage import Storage
 from lakeprop.tables.resolve import TableHandle, Tables
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,10 @@ def run_iteration(
             log.debug("iteration %s runs on Spark: %s", plan.iteration_id, where)
             if where is not None and plan.kind is IterationKind.TAIL:
                 result.path_note = where
-            _on_spark(spark, plan, jobs, source, tables, token, fan_out, small_rows, result)
+            storage = native.storage if native is not None and native.enabled else None
+            _on_spark(
+                spark, plan, jobs, source, tables, token, fan_out, small_rows, result, storage
+            )
     except Exception as exc:
         fail_the_rest(result, jobs, source, exc, token)
     finally:
@@ -115,8 +119,11 @@ def _on_spark(
     threads: int,
     small_rows: int,
     result: IterationResult,
+    storage: Storage | None,
 ) -> None:
-    """The Spark path: the change set read and held, then fanned out, then released."""
+    """The Spark path: the change set read and held, then fanned out, then released.
+    With ``storage`` (the native path is on), consumers may read a table's log in
+    the driver with delta-rs where that saves a Spark job."""
     held: ChangeSet | None = None
     try:
         with session_confs(spark, COUNTING_CONFS):
@@ -135,6 +142,7 @@ def _on_spark(
             small=small,
             tables=tables,
             token=token,
+            storage=storage,
         )
         snapshot = result.kind is IterationKind.SNAPSHOT
         fan_out(
@@ -177,6 +185,7 @@ def _consume(
     small: bool,
     tables: Tables,
     token: CancelToken,
+    storage: Storage | None,
 ) -> MemberResult:
     """One member's step on Spark: the snapshot, or its slice of the change set,
     through the job's expectations first where it has some."""
@@ -194,6 +203,7 @@ def _consume(
         held_latest=(
             functools.partial(held.after, start) if held is not None and start is not None else None
         ),
+        **({} if storage is None else {"storage": storage, "driver_reads": True}),
     )
     rows = changes.data if start is None else changes.after(start)
 

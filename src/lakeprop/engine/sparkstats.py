@@ -37,10 +37,11 @@ def _drain(spark: SparkSession) -> None:
 
 def task_seconds(spark: SparkSession, jobs: list[int]) -> float | None:
     """Executor run time of every task of these jobs' stages, in seconds (summed
-    over tasks, so two cores busy for one second count two)."""
+    over tasks, so two cores busy for one second count two). The jobs are those
+    :func:`group_jobs` gave once they ended: the listener bus it drained then holds
+    their tasks too, so it is not waited for again."""
     context = spark.sparkContext
     try:
-        _drain(spark)
         store = context._jsc.sc().statusStore()
         tracker = context.statusTracker()
         stages = {s for j in jobs if (info := tracker.getJobInfo(j)) for s in info.stageIds}

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from lakeprop.consumers import native
 from lakeprop.consumers.auto_cdc import events as ev
 from lakeprop.consumers.auto_cdc import expressions, options, schema
 from lakeprop.consumers.auto_cdc.options import (
@@ -145,7 +146,7 @@ class AutoCdcConsumer(Consumer):
     ) -> int:
         scd = self._scd1(columns, prepared)
         tombstones = self.beside(TOMBSTONES)
-        held = tombstones.load(tombstones.reader())
+        held = None if self._none_held(tombstones) else tombstones.load(tombstones.reader())
         resets = scd.resets(prepared, held)
         bounds = [] if resets.new_truncate else self.context.in_change_range(self.options.keys, "t")
         # held: the MERGE reads it twice, and it joins the tombstones (a Delta table)
@@ -167,8 +168,23 @@ class AutoCdcConsumer(Consumer):
                 .options(**self.context.writer_options(version))
             )
             tombstones.save(writer)
-            self._expire(scd, tombstones, held)
+            if held is not None:
+                self._expire(scd, tombstones, held)
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def _none_held(self, tombstones: TableHandle) -> bool:
+        """Whether the tombstone table holds no file at all, read from its log in the
+        driver with delta-rs where the engine allows it: the range is then decided as
+        against an empty table without reading it (five Spark jobs of a tail with no
+        delete ever: the table's file filtering, and the joins' broadcasts). Only this
+        job's iterations write the table, and never two at once."""
+        if not (self.context.driver_reads and native.available()):
+            return False
+        try:
+            table = native.open_table(tombstones.location(), self.context.storage)
+            return not table.file_uris()
+        except Exception:  # delta-rs cannot read it: Spark reads it
+            return False
 
     def _expire(self, scd: Scd1, tombstones: TableHandle, held: DataFrame) -> None:
         """Drop the tombstones past their retention, looked for at most once per
