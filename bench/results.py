@@ -97,6 +97,8 @@ def stack(spark: SparkSession, broker_classpath: str = "") -> dict[str, Any]:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit, ``+dirty`` when tracked code (not the recorded figures)
+    differs from it: the figures are then of code no commit holds."""
     try:
         out = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -104,9 +106,19 @@ def git_commit() -> str | None:
             text=True,
             check=True,
         )
+        changed = subprocess.run(
+            [
+                *("git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"),
+                *("--", ".", ":!bench/results", ":!docs/benchmarks.md"),  # figures, not code
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
-    return out.stdout.strip() or None
+    commit = out.stdout.strip()
+    return (f"{commit}+dirty" if changed.stdout.strip() else commit) or None
 
 
 def run_context(spark: SparkSession, size: str, broker_classpath: str = "") -> dict[str, Any]:

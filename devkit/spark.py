@@ -65,9 +65,9 @@ SESSION_JAVA_OPTIONS = os.environ.get(
 work, compiles with the optimising compiler too (its command line overrides
 :data:`TEST_JAVA_OPTIONS`, which reach it through the environment): on the quick
 compiler alone a worker's session ran the operation fuzzer past its timeout. It
-optimises only what is hot for longer: at the JVM's default thresholds (ten times
-lower) it compiled thousands of methods a test run calls a few times, and three
-integration modules took 478 CPU s and 330 s; at these, 397 CPU s and 309 s."""
+optimises only what is hot for longer: at the JVM's default thresholds (3 to 33
+times lower) it compiled thousands of methods a test run calls a few times, and
+three integration modules took 478 CPU s and 330 s; at these, 397 CPU s and 309 s."""
 
 
 def hive_conf(directory: Path) -> dict[str, str]:

@@ -290,7 +290,7 @@ class AggregateViewConsumer(Consumer):
         self, updated: DataFrame, extremes: list[dict[str, Any]], to_version: int
     ) -> DataFrame:
         """Min/max from the source at ``to_version`` for the flagged groups only."""
-        if updated.where("_lp_recompute").limit(1).count() == 0:
+        if updated.where("_lp_recompute").count() == 0:  # every group: the held rows
             return updated
         key = self.context.key
         source = self.context.locate(key.database, key.table)

@@ -3,6 +3,7 @@ tables kept next to the target, and the target's schema following the source's."
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -33,6 +34,12 @@ TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
 """Suffixes of the tables next to the target."""
 _EXPIRY_LOOKED: dict[str, float] = {}
 """When this process last looked for expired tombstones, per job configuration."""
+DRIVER_READ_PAUSE = 600.0
+"""Seconds a tombstone table delta-rs failed to read is left to Spark alone."""
+_DRIVER_READ_FAILED: dict[str, float] = {}
+"""When delta-rs last failed to read a tombstone table, per location."""
+
+log = logging.getLogger("lakeprop.consumers.auto_cdc")
 
 
 def sql_ref(table: TableHandle) -> str:
@@ -177,13 +184,23 @@ class AutoCdcConsumer(Consumer):
         driver with delta-rs where the engine allows it: the range is then decided as
         against an empty table without reading it (five Spark jobs of a tail with no
         delete ever: the table's file filtering, and the joins' broadcasts). Only this
-        job's iterations write the table, and never two at once."""
-        if not (self.context.driver_reads and native.available()):
+        job's iterations write the table, and never two at once. A table named through
+        a catalog (whose location takes Spark jobs to learn), a protocol delta-rs does
+        not read as Spark does, or a failure to read it leaves the read to Spark; a
+        location that failed is not tried again for :data:`DRIVER_READ_PAUSE` seconds."""
+        location = tombstones.path
+        if location is None or not (self.context.driver_reads and native.available()):
+            return False
+        if time.monotonic() < _DRIVER_READ_FAILED.get(location, -math.inf) + DRIVER_READ_PAUSE:
             return False
         try:
-            table = native.open_table(tombstones.location(), self.context.storage)
+            table = native.open_table(location, self.context.storage)
+            if native.readable(table) is not None:
+                return False
             return not table.file_uris()
-        except Exception:  # delta-rs cannot read it: Spark reads it
+        except Exception as exc:  # delta-rs cannot read it: Spark reads it
+            log.debug("delta-rs could not read %s (Spark reads it): %s", location, exc)
+            _DRIVER_READ_FAILED[location] = time.monotonic()
             return False
 
     def _expire(self, scd: Scd1, tombstones: TableHandle, held: DataFrame) -> None:
