@@ -55,19 +55,11 @@ at once took more CPU than the work (the three-instance scale-out test: 271 s an
 510 CPU s with it, 173 s and 289 CPU s without). The code cache holds what the
 quick compiler makes of Spark."""
 
-SESSION_JAVA_OPTIONS = os.environ.get(
-    "LAKEPROP_SESSION_JAVA_OPTIONS",
-    "-XX:TieredStopAtLevel=4 -XX:Tier4InvocationThreshold=40000"
-    " -XX:Tier4MinInvocationThreshold=20000 -XX:Tier4CompileThreshold=50000"
-    " -XX:Tier4BackEdgeThreshold=400000",
-)
+SESSION_JAVA_OPTIONS = os.environ.get("LAKEPROP_SESSION_JAVA_OPTIONS", "-XX:TieredStopAtLevel=4")
 """The tests' own session, which lives for the whole run and does most of its
-work, compiles with the optimising compiler too (its command line overrides
-:data:`TEST_JAVA_OPTIONS`, which reach it through the environment): on the quick
-compiler alone a worker's session ran the operation fuzzer past its timeout. It
-optimises only what is hot for longer: at the JVM's default thresholds (3 to 33
-times lower) it compiled thousands of methods a test run calls a few times, and
-three integration modules took 478 CPU s and 330 s; at these, 397 CPU s and 309 s."""
+work, compiles fully (its command line overrides :data:`TEST_JAVA_OPTIONS`,
+which reach it through the environment): on the quick compiler alone a worker's
+session ran the operation fuzzer past its timeout."""
 
 
 def hive_conf(directory: Path) -> dict[str, str]:
