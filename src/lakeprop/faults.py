@@ -52,6 +52,7 @@ POINTS = {
     "bulk.written": "bulk tasks are written running (or a request recorded), the catalog not yet",
     "bulk.applied": "bulk tasks are applied in the catalog, not yet marked done",
     "index.written": "a vector index version is written, the pointer not yet switched to it",
+    "auto_cdc.between_writes": "an SCD 2 range is in the target, its events not yet stored",
 }
 ACTIONS = ("kill", "raise")
 

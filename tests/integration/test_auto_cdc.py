@@ -24,7 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from devkit import cdc_model as model
-from devkit.iterations import HandDriven, recorded_versions
+from devkit.iterations import HandDriven, IterationFailed, recorded_versions
+from lakeprop import faults
 from lakeprop.engine.native import NativeSettings
 from lakeprop.spec import JobKey
 
@@ -241,6 +242,104 @@ def test_a_job_with_no_tombstone_yet_skips_reading_them_and_a_late_upsert_stays_
     # no tombstone yet (the first two ranges): fewer jobs; the last range reads them
     assert jobs[0][0] < jobs[0][1] and jobs[1][0] < jobs[1][1], jobs
     assert jobs[2][0] == jobs[2][1], jobs
+
+
+HISTORY_PARTIAL = {
+    "stored_as_scd_type": 2,
+    "track_history_column_list": ["a"],
+    "ignore_null_updates": True,
+}
+"""SCD 2 with the most the fold carries from one event to the next: filled-in NULLs,
+and versions only where a tracked column changes."""
+
+
+def assert_model(spark: SparkSession, table: EventTable, *jobs: HandDriven) -> None:
+    expected = model_of(HISTORY_PARTIAL, table.events(table.version))
+    for each in jobs:
+        actual = each.read()
+        assert_df_equality(
+            actual,
+            expected_frame(spark, expected, actual.schema),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+
+
+def test_an_scd2_range_of_later_events_goes_on_from_the_open_versions(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A range whose every event is later than its key's stored ones is folded with
+    the keys' open versions alone (fewer Spark jobs than the job that may not read
+    the logs in the driver, which folds every stored event); one with a late event
+    falls back to the full fold. Both equal the model after every range."""
+    table = EventTable(spark, tmp_path)
+    table.commit(
+        [{"id": 1, "seq": 1, "op": "U", "a": 1, "b": "x"}, {"id": 2, "seq": 1, "op": "U", "a": 2}]
+    )
+    driven = job(spark, table, "driven", **HISTORY_PARTIAL)
+    spark_only = job(spark, table, "spark_only", native=None, **HISTORY_PARTIAL)
+    for each in (driven, spark_only):
+        each.snapshot(table.version)
+    in_order: list[list[dict[str, Any]]] = [
+        # an untracked change in place, a NULL filled in, a tracked change, a new key
+        [
+            {"id": 1, "seq": 4, "op": "U", "b": "y"},
+            {"id": 2, "seq": 3, "op": "U", "a": 3},
+            {"id": 3, "seq": 2, "op": "U", "a": 7, "b": "z"},
+        ],
+        # a delete, and a key re-inserted after it in the same range
+        [
+            {"id": 2, "seq": 5, "op": "D"},
+            {"id": 3, "seq": 6, "op": "D"},
+            {"id": 3, "seq": 9, "op": "U", "b": "w"},
+        ],
+        # after a delete, a new history; the open version's filled values carry on
+        [
+            {"id": 2, "seq": 8, "op": "U", "b": "v"},
+            {"id": 1, "seq": 6, "op": "U", "a": 1},
+            {"id": 1, "seq": 7, "op": "U", "a": 5},
+        ],
+    ]
+    late = [{"id": 1, "seq": 5, "op": "U", "a": 9}, {"id": 4, "seq": 1, "op": "U", "a": 1}]
+    jobs: list[tuple[int, int]] = []
+    for rows in [*in_order, late, [{"id": 1, "seq": 20, "op": "U", "b": "u"}]]:
+        table.commit(rows)
+        jobs.append(
+            (driven.tail(table.version).spark_jobs, spark_only.tail(table.version).spark_jobs)
+        )
+        assert_model(spark, table, driven, spark_only)
+    fast, slow = [*jobs[:3], jobs[4]], jobs[3]
+    assert all(d < s for d, s in fast), jobs
+    assert slow[0] >= slow[1], jobs  # tried, found late, folded in full
+
+
+def test_an_scd2_range_crashed_between_its_writes_is_folded_in_full_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A range that wrote the target and crashed before storing its events leaves the
+    target ahead of the store: the next range folds every event, though each of
+    its events is later than the stored ones. (Going on from the open version,
+    which holds the crashed range's filled-in value, would give the version it
+    closes that value too early.)"""
+    table = EventTable(spark, tmp_path)
+    table.commit([{"id": 1, "seq": 1, "op": "U", "a": 1}])
+    driven = job(spark, table, "driven", **HISTORY_PARTIAL)
+    driven.snapshot(table.version)
+    table.commit([{"id": 1, "seq": 8, "op": "U", "b": "y"}])
+    faults.arm("auto_cdc.between_writes=raise")
+    try:
+        with pytest.raises(IterationFailed):
+            driven.tail(table.version)
+        assert "auto_cdc.between_writes" in faults.fired()
+    finally:
+        faults.disarm()
+    table.commit([{"id": 1, "seq": 5, "op": "U"}, {"id": 1, "seq": 7, "op": "U", "a": 2}])
+    driven.tail(table.version)
+    assert_model(spark, table, driven)
+    later = [{"id": 1, "seq": 9, "op": "U", "b": "z"}]
+    table.commit(later)  # in step again: goes on from the open version
+    driven.tail(table.version)
+    assert_model(spark, table, driven)
 
 
 def test_a_range_applied_again_or_overlapping_changes_nothing(

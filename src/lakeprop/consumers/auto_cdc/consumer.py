@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from functools import reduce
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
@@ -27,6 +27,7 @@ from lakeprop.consumers.auto_cdc.options import (
 from lakeprop.consumers.auto_cdc.scd1 import Scd1, conflict_error
 from lakeprop.consumers.auto_cdc.scd2 import Scd2
 from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.faults import fault_point
 from lakeprop.spec import target_table
 from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY, TableHandle
 
@@ -181,27 +182,35 @@ class AutoCdcConsumer(Consumer):
 
     def _none_held(self, tombstones: TableHandle) -> bool:
         """Whether the tombstone table holds no file at all, read from its log in the
-        driver with delta-rs where the engine allows it: the range is then decided as
-        against an empty table without reading it (five Spark jobs of a tail with no
-        delete ever: the table's file filtering, and the joins' broadcasts). Only this
-        job's iterations write the table, and never two at once. A table named through
-        a catalog (whose location takes Spark jobs to learn), a protocol delta-rs does
-        not read as Spark does, or a failure to read it leaves the read to Spark; a
-        location that failed is not tried again for :data:`DRIVER_READ_PAUSE` seconds."""
-        location = tombstones.path
+        driver: the range is then decided as against an empty table without reading
+        it (five Spark jobs of a tail with no delete ever: the table's file
+        filtering, and the joins' broadcasts). Only this job's iterations write the
+        table, and never two at once."""
+        table = self._in_driver(tombstones)
+        try:
+            return table is not None and not table.file_uris()
+        except Exception as exc:  # delta-rs cannot list it: Spark reads it
+            log.debug("delta-rs could not list %s (Spark reads it): %s", tombstones.path, exc)
+            return False
+
+    def _in_driver(self, handle: TableHandle) -> Any:
+        """``handle`` opened with delta-rs to read its log in the driver, where the
+        engine allows it; else None. A table named through a catalog (whose location
+        takes Spark jobs to learn), a protocol delta-rs does not read as Spark does,
+        or a failure to read it leaves the read to Spark; a location that failed is
+        not tried again for :data:`DRIVER_READ_PAUSE` seconds."""
+        location = handle.path
         if location is None or not (self.context.driver_reads and native.available()):
-            return False
+            return None
         if time.monotonic() < _DRIVER_READ_FAILED.get(location, -math.inf) + DRIVER_READ_PAUSE:
-            return False
+            return None
         try:
             table = native.open_table(location, self.context.storage)
-            if native.readable(table) is not None:
-                return False
-            return not table.file_uris()
+            return table if native.readable(table) is None else None
         except Exception as exc:  # delta-rs cannot read it: Spark reads it
             log.debug("delta-rs could not read %s (Spark reads it): %s", location, exc)
             _DRIVER_READ_FAILED[location] = time.monotonic()
-            return False
+            return None
 
     def _expire(self, scd: Scd1, tombstones: TableHandle, held: DataFrame) -> None:
         """Drop the tombstones past their retention, looked for at most once per
@@ -233,22 +242,26 @@ class AutoCdcConsumer(Consumer):
     ) -> int:
         scd = self._scd2(columns)
         store = self.beside(EVENTS)
-        bounds = self.context.in_change_range(self.options.keys, "t")
+        keys = list(self.options.keys)
         # the touched keys' events and rows, read from the files whose key statistics
         # overlap the range's keys (data skipping), not the whole store
-        within = reduce(
-            lambda a, b: a & b, self.context.in_change_range(self.options.keys), F.lit(True)
-        )
-        touched = prepared.frame.select(*self.options.keys).distinct()
-        stored = store.load(store.reader()).where(within).join(touched, list(self.options.keys))
-        new = scd.new_events(prepared.frame, stored, self.source_name).localCheckpoint()
-        if new.isEmpty():
-            return 0  # every event applied already (a replayed range)
-        every = scd.as_events(stored).unionByName(new)
-        current = target.load(target.reader()).where(within).join(touched, list(self.options.keys))
-        changes = scd.changes(scd.fold(every), current).localCheckpoint()
+        within = reduce(lambda a, b: a & b, self.context.in_change_range(keys), F.lit(True))
+        touched = prepared.frame.select(*keys).distinct()
+        stored = store.load(store.reader()).where(within).join(touched, keys)
+        current = target.load(target.reader()).where(within).join(touched, keys)
+        changes = self._in_order(scd, prepared, stored, current, target, store)
+        if changes is not None:
+            new = prepared.frame
+        else:
+            new = scd.new_events(prepared.frame, stored, self.source_name).localCheckpoint()
+            if new.isEmpty():
+                return 0  # every event applied already (a replayed range)
+            every = scd.as_events(stored).unionByName(new)
+            changes = scd.changes(scd.fold(every), current).localCheckpoint()
+        bounds = self.context.in_change_range(keys, "t")
         with self.context.idempotent(version), self.context.merging_held():
             metrics = scd.merge(target.delta(), changes, bounds).execute().first()
+        fault_point("auto_cdc.between_writes")
         writer = (
             scd.stored(new)
             .write.format("delta")
@@ -257,6 +270,47 @@ class AutoCdcConsumer(Consumer):
         )
         store.save(writer)
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def _in_order(
+        self,
+        scd: Scd2,
+        prepared: ev.Events,
+        stored: DataFrame,
+        current: DataFrame,
+        target: TableHandle,
+        store: TableHandle,
+    ) -> DataFrame | None:
+        """The range's changes to the target without reading or folding its keys'
+        stored events, held, when that gives the same result; else None.
+
+        It does when every event of the range is later than every stored event of
+        its key (:meth:`Scd2.in_order`: each key's history goes on from its open
+        version) and the target is in step with the store: the job's last write
+        to the target (its Delta transaction version, read from the log in the
+        driver) is no later than its last append to the store, so no range wrote
+        the one and crashed before the other. Whether any event is late is
+        observed while the changes are computed, in the same Spark jobs."""
+        if not self._in_step(target, store):
+            return None
+        late = Observation("auto_cdc late events")
+        changes = scd.in_order(prepared.frame, stored, current, late).localCheckpoint()
+        seen = late.get  # no figure at all (not observed): the full fold decides
+        return changes if "late" in seen and not seen["late"] else None
+
+    def _in_step(self, target: TableHandle, store: TableHandle) -> bool:
+        """Whether the job's last transaction in the target is no later than its last
+        in the event store, both read from their logs in the driver (False where the
+        engine does not read logs there, or either has none)."""
+        tables = [self._in_driver(t) for t in (target, store)]
+        if any(t is None for t in tables):
+            return False
+        app_id = self.context.txn_app_id
+        try:
+            wrote, appended = (t.transaction_version(app_id) for t in tables)
+        except Exception as exc:  # delta-rs cannot read them: the full fold decides
+            log.debug("delta-rs could not read the transactions of %s: %s", target.path, exc)
+            return False
+        return wrote is not None and appended is not None and wrote <= appended
 
     # -- chores ----------------------------------------------------------------------
 
