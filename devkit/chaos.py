@@ -631,6 +631,10 @@ gc_retention = "4s"
         """A commit to a table: its two base jobs share the tail iteration that follows."""
         self.commit(self.rng.choice(TABLES))
 
+    def commit_orders(self) -> None:
+        """A commit to the table the SCD type 2 job reads."""
+        self.commit("orders")
+
     def register_new(self) -> None:
         """A new job: its initial snapshot is an iteration of its own."""
         live = self.extra_jobs()
@@ -675,6 +679,7 @@ gc_retention = "4s"
             "bulk.written": self.bulk_resync,
             "bulk.applied": self.bulk_resync,
             "index.written": self.churn_vectors,
+            "auto_cdc.between_writes": self.commit_orders,
         }
         return drivers[point] if point else self.step
 

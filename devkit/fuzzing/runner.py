@@ -73,8 +73,10 @@ def consumers(bootstrap_servers: str, topic: str) -> dict[str, dict[str, Any]]:
     }
 
 
-NATIVE = ("replica", "index")
-"""The jobs whose consumers have a native path: run a second time, on it."""
+NATIVE = ("replica", "index", "cdc1", "cdc2")
+"""The jobs whose iterations differ with the native path on, run a second time with
+it: the consumers with a native path, and ``auto_cdc``, which reads its tables' logs
+in the driver there (SCD 1's empty tombstones, SCD 2's transactions)."""
 
 
 class IterationFailed(AssertionError):

@@ -191,6 +191,7 @@ class AutoCdcConsumer(Consumer):
             return table is not None and not table.file_uris()
         except Exception as exc:  # delta-rs cannot list it: Spark reads it
             log.debug("delta-rs could not list %s (Spark reads it): %s", tombstones.path, exc)
+            _DRIVER_READ_FAILED[str(tombstones.path)] = time.monotonic()
             return False
 
     def _in_driver(self, handle: TableHandle) -> Any:
@@ -249,9 +250,10 @@ class AutoCdcConsumer(Consumer):
         touched = prepared.frame.select(*keys).distinct()
         stored = store.load(store.reader()).where(within).join(touched, keys)
         current = target.load(target.reader()).where(within).join(touched, keys)
-        changes = self._in_order(scd, prepared, stored, current, target, store)
-        if changes is not None:
-            new = prepared.frame
+        in_order = self._in_order(scd, prepared, stored, target, store)
+        if in_order is not None:
+            new = in_order
+            changes = scd.in_order(in_order, current).localCheckpoint()
         else:
             new = scd.new_events(prepared.frame, stored, self.source_name).localCheckpoint()
             if new.isEmpty():
@@ -276,26 +278,26 @@ class AutoCdcConsumer(Consumer):
         scd: Scd2,
         prepared: ev.Events,
         stored: DataFrame,
-        current: DataFrame,
         target: TableHandle,
         store: TableHandle,
     ) -> DataFrame | None:
-        """The range's changes to the target without reading or folding its keys'
-        stored events, held, when that gives the same result; else None.
+        """The range's events, held, when the target's changes can be had without
+        reading or folding its keys' stored events; else None.
 
-        It does when every event of the range is later than every stored event of
-        its key (:meth:`Scd2.in_order`: each key's history goes on from its open
-        version) and the target is in step with the store: the job's last write
-        to the target (its Delta transaction version, read from the log in the
-        driver) is no later than its last append to the store, so no range wrote
-        the one and crashed before the other. Whether any event is late is
-        observed while the changes are computed, in the same Spark jobs."""
+        They can when every event of the range is later than every stored event
+        of its key (:meth:`Scd2.in_order`: each key's history goes on from its
+        open version) and the target is in step with the store: the job's last
+        write to the target (its Delta transaction version, read from the log in
+        the driver) is no later than its last append to the store, so no range
+        wrote the one and crashed before the other. Whether any event is late is
+        observed as the events are held (:meth:`Scd2.lateness`); no figure at all
+        is taken as late."""
         if not self._in_step(target, store):
             return None
         late = Observation("auto_cdc late events")
-        changes = scd.in_order(prepared.frame, stored, current, late).localCheckpoint()
-        seen = late.get  # no figure at all (not observed): the full fold decides
-        return changes if "late" in seen and not seen["late"] else None
+        events = scd.lateness(prepared.frame, stored, late).localCheckpoint()
+        seen = late.get
+        return events if "late" in seen and not seen["late"] else None
 
     def _in_step(self, target: TableHandle, store: TableHandle) -> bool:
         """Whether the job's last transaction in the target is no later than its last

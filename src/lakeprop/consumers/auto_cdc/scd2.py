@@ -90,33 +90,37 @@ class Scd2:
             )
         return joined.where(F.col("__stored").isNull()).drop("__content", "__stored")
 
-    def in_order(
-        self, events: DataFrame, store: DataFrame, current: DataFrame, late: Observation
-    ) -> DataFrame:
+    def lateness(self, events: DataFrame, store: DataFrame, late: Observation) -> DataFrame:
+        """``events``, observed by ``late`` (as ``late``) for how many are not later
+        than every event of their key in ``store``: to hold before :meth:`in_order`,
+        so the figure is complete once the frame is."""
+        key = list(self.keys)
+        heads = store.groupBy(*key).agg(F.max(SEQUENCE).alias("__held"))
+        is_late = F.col(SEQ) <= F.col("__held")
+        return (
+            events.join(heads, key, "left")
+            .withColumn("__late", F.when(is_late, 1).otherwise(0))
+            .drop("__held")
+            .observe(late, F.sum("__late").alias("late"))
+            .drop("__late")
+        )
+
+    def in_order(self, events: DataFrame, current: DataFrame) -> DataFrame:
         """The changes to the target's ``current`` versions of the range's keys that
-        ``events`` make when each is later than every event of its key in ``store``:
-        the fold of each key's open version, as an upsert at its start, and the
-        events. ``late`` observes (as ``late``) how many events are not later, when
-        the changes are computed: the result holds only when there are none.
+        ``events`` make when each is later than every stored event of its key
+        (:meth:`lateness` says whether they are): the fold of each key's open
+        version, as an upsert at its start, and the events.
 
         The open version holds the last event's values (filled in, with
         ``ignore_null_updates``) and its tracked columns, which is all the fold
         carries from one event to the next within a key's segment; a key whose
         last event was a delete has no open version, and its events begin a new
         segment either way."""
-        key = list(self.keys)
-        heads = store.groupBy(*key).agg(F.max(SEQUENCE).alias("__held"))
-        is_late = F.col(SEQ) <= F.col("__held")
-        checked = (
-            events.join(heads, key, "left")
-            .observe(late, F.sum(F.when(is_late, 1).otherwise(0)).alias("late"))
-            .drop("__held")
-        )
         open_now = current.where(F.col(END_AT).isNull())
         seeds = open_now.select(
-            *key, F.col(START_AT).alias(SEQ), F.lit(UPSERT).alias(OP), *self.columns
+            *self.keys, F.col(START_AT).alias(SEQ), F.lit(UPSERT).alias(OP), *self.columns
         )
-        return self.changes(self.fold(seeds.unionByName(checked)), open_now)
+        return self.changes(self.fold(seeds.unionByName(events)), open_now)
 
     def fold(self, events: DataFrame) -> DataFrame:
         """Every key's versions from all its events, as sorted application gives them."""
