@@ -73,11 +73,14 @@ def consumers(bootstrap_servers: str, topic: str) -> dict[str, dict[str, Any]]:
     }
 
 
-NATIVE = ("replica", "index", "cdc2")
-"""The jobs whose iterations differ with the native path on, run a second time with
-it: the consumers with a native path, and ``auto_cdc`` SCD 2, which reads its
-tables' transactions in the driver there to go on from each key's open version.
-(SCD 1 only skips an empty tombstone table there, a cut its own test pins.)"""
+NATIVE = ("replica", "index")
+"""The jobs whose consumers have a native path: run a second time, on it (as one
+iteration: a member without a native path would send it all to Spark)."""
+DRIVEN = ("cdc2",)
+"""The jobs that read their tables' logs in the driver when the native path is on,
+and iterate differently there: run a second time, in a fleet of their own with it
+(``auto_cdc`` SCD 2 goes on from each key's open version; SCD 1's only cut there, an
+empty tombstone table, is pinned by its own test)."""
 
 
 class IterationFailed(AssertionError):
@@ -220,6 +223,7 @@ class Fuzzer:
         fleets = [
             Fleet(self.spark, tables, specs, None, "spark"),
             Fleet(self.spark, tables, {n: specs[n] for n in NATIVE}, NativeSettings(), "native"),
+            Fleet(self.spark, tables, {n: specs[n] for n in DRIVEN}, NativeSettings(), "driven"),
         ]
         if self.workload == "pipelines":
             fleets = []

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Mapping
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -36,9 +36,12 @@ TOMBSTONES, EVENTS, QUARANTINE = "__tombstones", "__events", "__quarantine"
 _EXPIRY_LOOKED: dict[str, float] = {}
 """When this process last looked for expired tombstones, per job configuration."""
 DRIVER_READ_PAUSE = 600.0
-"""Seconds a tombstone table delta-rs failed to read is left to Spark alone."""
+"""Seconds a table whose log delta-rs failed to read is left to Spark alone."""
 _DRIVER_READ_FAILED: dict[str, float] = {}
-"""When delta-rs last failed to read a tombstone table, per location."""
+"""When delta-rs last failed to read a table's log, per location."""
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger("lakeprop.consumers.auto_cdc")
 
@@ -194,7 +197,7 @@ class AutoCdcConsumer(Consumer):
             _DRIVER_READ_FAILED[str(tombstones.path)] = time.monotonic()
             return False
 
-    def _in_driver(self, handle: TableHandle) -> Any:
+    def _in_driver(self, handle: TableHandle) -> DeltaTable | None:
         """``handle`` opened with delta-rs to read its log in the driver, where the
         engine allows it; else None. A table named through a catalog (whose location
         takes Spark jobs to learn), a protocol delta-rs does not read as Spark does,
@@ -281,8 +284,9 @@ class AutoCdcConsumer(Consumer):
         target: TableHandle,
         store: TableHandle,
     ) -> DataFrame | None:
-        """The range's events, held, when the target's changes can be had without
-        reading or folding its keys' stored events; else None.
+        """The range's events, held, when the target's changes can be had from each
+        key's latest stored sequence alone, without folding its stored events;
+        else None.
 
         They can when every event of the range is later than every stored event
         of its key (:meth:`Scd2.in_order`: each key's history goes on from its
@@ -290,27 +294,28 @@ class AutoCdcConsumer(Consumer):
         write to the target (its Delta transaction version, read from the log in
         the driver) is no later than its last append to the store, so no range
         wrote the one and crashed before the other. Whether any event is late is
-        observed as the events are held (:meth:`Scd2.lateness`); no figure at all
-        is taken as late."""
+        observed as the events are held (:meth:`Scd2.lateness`): only a figure of
+        0 takes this way (no figure, or none for a range without events, does
+        not)."""
         if not self._in_step(target, store):
             return None
         late = Observation("auto_cdc late events")
         events = scd.lateness(prepared.frame, stored, late).localCheckpoint()
-        seen = late.get
-        return events if "late" in seen and not seen["late"] else None
+        return events if late.get.get("late") == 0 else None
 
     def _in_step(self, target: TableHandle, store: TableHandle) -> bool:
         """Whether the job's last transaction in the target is no later than its last
         in the event store, both read from their logs in the driver (False where the
         engine does not read logs there, or either has none)."""
-        tables = [self._in_driver(t) for t in (target, store)]
-        if any(t is None for t in tables):
+        written, held = self._in_driver(target), self._in_driver(store)
+        if written is None or held is None:
             return False
         app_id = self.context.txn_app_id
         try:
-            wrote, appended = (t.transaction_version(app_id) for t in tables)
+            wrote, appended = written.transaction_version(app_id), held.transaction_version(app_id)
         except Exception as exc:  # delta-rs cannot read them: the full fold decides
             log.debug("delta-rs could not read the transactions of %s: %s", target.path, exc)
+            _DRIVER_READ_FAILED[str(target.path)] = time.monotonic()
             return False
         return wrote is not None and appended is not None and wrote <= appended
 

@@ -20,9 +20,10 @@ target (``<target>__events``). A range then:
 Most ranges only go on from where each key's history stands: every event is
 later than every stored event of its key. Folding the key's open version (as
 one upsert at its ``__START_AT``) with the range's events then gives the same
-versions as folding every event (:meth:`Scd2.in_order`), without reading or
-folding the stored ones; the consumer takes that way when the target is in
-step with the store, and falls back to the full fold when any event is late.
+versions as folding every event (:meth:`Scd2.in_order`): the range reads only
+each key's latest stored sequence, and folds none of its stored events. The
+consumer takes that way when the target is in step with the store, and falls
+back to the full fold when any event is late.
 
 Both writes are idempotent per range (Delta transaction ids), and the fold
 depends only on the events: a range applied again, or one overlapping it,
