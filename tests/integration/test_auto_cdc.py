@@ -205,6 +205,21 @@ def test_every_target_version_equals_the_events_applied_in_sequence_order(
     assert deleted_somewhere, "the workload never left a key deleted: it tests too little"
 
 
+def assert_model(
+    spark: SparkSession, table: EventTable, options: dict[str, Any], *jobs: HandDriven
+) -> None:
+    """Each job's target equals the model of ``options`` over every event so far."""
+    expected = model_of(options, table.events(table.version))
+    for each in jobs:
+        actual = each.read()
+        assert_df_equality(
+            actual,
+            expected_frame(spark, expected, actual.schema),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+
+
 def test_a_job_with_no_tombstone_yet_skips_reading_them_and_a_late_upsert_stays_dead(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -229,15 +244,7 @@ def test_a_job_with_no_tombstone_yet_skips_reading_them_and_a_late_upsert_stays_
         jobs.append(
             (driven.tail(table.version).spark_jobs, spark_only.tail(table.version).spark_jobs)
         )
-        expected = model_of({}, table.events(table.version))
-        for each in (driven, spark_only):
-            actual = each.read()
-            assert_df_equality(
-                actual,
-                expected_frame(spark, expected, actual.schema),
-                ignore_row_order=True,
-                ignore_nullable=True,
-            )
+        assert_model(spark, table, {}, driven, spark_only)
     assert {r["id"] for r in model_of({}, table.events(table.version))} == {2, 3}
     # no tombstone yet (the first two ranges): fewer jobs; the last range reads them
     assert jobs[0][0] < jobs[0][1] and jobs[1][0] < jobs[1][1], jobs
@@ -251,18 +258,6 @@ HISTORY_PARTIAL = {
 }
 """SCD 2 with the most the fold carries from one event to the next: filled-in NULLs,
 and versions only where a tracked column changes."""
-
-
-def assert_model(spark: SparkSession, table: EventTable, *jobs: HandDriven) -> None:
-    expected = model_of(HISTORY_PARTIAL, table.events(table.version))
-    for each in jobs:
-        actual = each.read()
-        assert_df_equality(
-            actual,
-            expected_frame(spark, expected, actual.schema),
-            ignore_row_order=True,
-            ignore_nullable=True,
-        )
 
 
 def test_an_scd2_range_of_later_events_goes_on_from_the_open_versions(
@@ -310,7 +305,7 @@ def test_an_scd2_range_of_later_events_goes_on_from_the_open_versions(
         jobs.append(
             (driven.tail(table.version).spark_jobs, spark_only.tail(table.version).spark_jobs)
         )
-        assert_model(spark, table, driven, spark_only)
+        assert_model(spark, table, HISTORY_PARTIAL, driven, spark_only)
     fast, slow = [*jobs[:3], jobs[4]], [jobs[3], jobs[5]]
     assert all(d < s for d, s in fast), jobs
     assert all(d >= s for d, s in slow), jobs  # tried, found late, folded in full
@@ -338,11 +333,11 @@ def test_an_scd2_range_crashed_between_its_writes_is_folded_in_full_again(
         faults.disarm()
     table.commit([{"id": 1, "seq": 5, "op": "U"}, {"id": 1, "seq": 7, "op": "U", "a": 2}])
     driven.tail(table.version)
-    assert_model(spark, table, driven)
+    assert_model(spark, table, HISTORY_PARTIAL, driven)
     later = [{"id": 1, "seq": 9, "op": "U", "b": "z"}]
     table.commit(later)  # in step again: goes on from the open version
     driven.tail(table.version)
-    assert_model(spark, table, driven)
+    assert_model(spark, table, HISTORY_PARTIAL, driven)
 
 
 def test_a_range_applied_again_or_overlapping_changes_nothing(
