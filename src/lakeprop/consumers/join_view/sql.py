@@ -1,0 +1,81 @@
+"""The Spark SQL of a join view's iteration (see :mod:`.plan`), built from its options.
+
+Every source is read from a view the consumer names (the source at its pinned
+version, or a source's pre- and post-images); every identifier is one the
+options validated, and back-quoted here too. The SQL is plain enough for any
+engine with inner and left joins: the tests run it on sqlglot's executor
+against the Python model, and the consumer runs it on Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lakeprop.consumers.join_view.options import JoinViewOptions
+from lakeprop.consumers.join_view.plan import path_to
+from lakeprop.consumers.join_view.query import Join
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _on(join: Join) -> str:
+    return " AND ".join(f"{left.sql()} = {right.sql()}" for left, right in join.on)
+
+
+def _join(join: Join, view: str, kind: str) -> str:
+    return f" {kind} JOIN {_q(view)} AS {_q(join.source.alias)} ON {_on(join)}"
+
+
+def affected(options: JoinViewOptions, views: Mapping[str, str], changes: Mapping[str, str]) -> str:
+    """The first table's distinct keys whose rows the changes can touch (step 1):
+    ``changes`` maps each changed source's alias to a view of its pre- and
+    post-images, ``views`` every source's alias to its view at the new versions."""
+    return " UNION ".join(affected_parts(options, views, changes))
+
+
+def affected_parts(
+    options: JoinViewOptions, views: Mapping[str, str], changes: Mapping[str, str]
+) -> list[str]:
+    """The SELECTs of :func:`affected`, one per changed source."""
+    query = options.query
+    first = query.first.alias
+    selected = ", ".join(f"{_q(first)}.{_q(c)} AS {_q(c)}" for c in options.keys[first])
+    parts = []
+    for alias, images in changes.items():
+        if alias == first:
+            parts.append(f"SELECT {selected} FROM {_q(images)} AS {_q(first)}")
+            continue
+        joins = "".join(
+            _join(j, images if j.source.alias == alias else views[j.source.alias], "INNER")
+            for j in path_to(query, alias)
+        )
+        parts.append(f"SELECT {selected} FROM {_q(views[first])} AS {_q(first)}{joins}")
+    if not parts:
+        raise ValueError("no source changed")
+    return parts
+
+
+def recompute(options: JoinViewOptions, views: Mapping[str, str], keys: str | None) -> str:
+    """The view's rows (its outputs, then its identity columns) for the first
+    table's keys in the view ``keys`` (every key with ``None``), each source read
+    from ``views`` by alias."""
+    query = options.query
+    first = query.first.alias
+    source = _q(views[first])
+    if keys is not None:
+        key = options.keys[first]
+        read = ", ".join(f"__f.{_q(c)}" for c in dict.fromkeys((*key, *query.reads(first))))
+        on = " AND ".join(f"__f.{_q(c)} = __k.{_q(c)}" for c in key)
+        source = f"(SELECT {read} FROM {source} AS __f JOIN {_q(keys)} AS __k ON {on})"
+    columns = [f"{o.sql} AS {_q(o.name)}" for o in query.outputs]
+    columns += [
+        f"{_q(alias)}.{_q(column)} AS {_q(name)}" for alias, column, name in options.identity
+    ]
+    joins = "".join(
+        _join(j, views[j.source.alias], "LEFT" if j.kind == "left" else "INNER")
+        for j in query.joins
+    )
+    where = f" WHERE {query.where}" if query.where else ""
+    return f"SELECT {', '.join(columns)} FROM {source} AS {_q(first)}{joins}{where}"
