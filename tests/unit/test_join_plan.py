@@ -104,3 +104,19 @@ def _only_the_affected_keys_rows_change(query: Any, rng: random.Random) -> None:
     for key in set(before) | set(after):
         if key not in affected:
             assert before.get(key) == after.get(key), (key, affected, images)
+
+
+def test_the_affected_keys_are_exactly_those_a_change_reaches() -> None:
+    """A change of the chain's last table reaches the first table's rows through the
+    middle one, and no other: a key joined to another middle row is not affected."""
+    new = {
+        "a": [{"id": 1, "x": 1}, {"id": 2, "x": 2}, {"id": 3, "x": None}],
+        "b": [{"bid": 1, "x": 1, "y": 5, "v": 0}, {"bid": 2, "x": 2, "y": 6, "v": 0}],
+        "c": [{"cid": 7, "y": 5, "w": 0}],
+    }
+    changed_c = {"c": [{"cid": 7, "y": 5, "w": 0}, {"cid": 7, "y": 4, "w": 1}]}
+    assert affected_keys(CHAIN, new, changed_c, ["id"]) == {(1,)}
+    changed_b = {"b": [{"bid": 2, "x": 2, "y": 6, "v": 0}, {"bid": 2, "x": None, "y": 6, "v": 0}]}
+    assert affected_keys(CHAIN, new, changed_b, ["id"]) == {(2,)}
+    changed_a = {"a": [{"id": 3, "x": None}]}
+    assert affected_keys(CHAIN, new, changed_a, ["id"]) == {(3,)}

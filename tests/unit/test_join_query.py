@@ -106,6 +106,18 @@ REFUSED = {
     "SELECT a.x FROM d.a a JOIN d.b b ON a.k = b.k WHERE": "not valid SQL",
     "SELECT a.x FROM `d-x`.a a JOIN d.b b ON a.k = b.k": "not a valid identifier",
     "": "non-empty",
+    "SELECT explode(a.arr) AS e FROM d.a a JOIN d.b b ON a.k = b.k": "generator",
+    "SELECT json_tuple(a.j, 'x') AS e FROM d.a a JOIN d.b b ON a.k = b.k": "generator",
+    "SELECT a.x FROM d.a VERSION AS OF 3 a JOIN d.b b ON a.k = b.k": "version",
+    "SELECT a.x FROM d.a TABLESAMPLE (10 PERCENT) a JOIN d.b b ON a.k = b.k": "sample",
+    "SELECT a.x FROM d.a AS a(y, x) JOIN d.b b ON a.k = b.k": "renaming the columns",
+    "SELECT a.x FROM d.a a OUTER JOIN d.b b ON a.k = b.k": "OUTER JOIN without LEFT",
+    "SELECT a.x FROM d.a a, d.b b": "CROSS",
+    "SELECT uniform(0, 10) AS u FROM d.a a JOIN d.b b ON a.k = b.k": "uniform()",
+    "SELECT reflect('java.util.UUID', 'randomUUID') AS u FROM d.a a JOIN d.b b ON a.k = b.k": (
+        "reflect()"
+    ),
+    "SELECT a.x FROM d.a a JOIN d.b b ON a.k = c.k JOIN d.c c ON c.k = a.k": "names no table",
 }
 
 

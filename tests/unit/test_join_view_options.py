@@ -33,6 +33,14 @@ def test_the_identity_is_every_tables_key_the_first_tables_first() -> None:
         ({"query": QUERY, "keys": {"o": [], "c": ["id"]}}, "non-empty list"),
         ({"query": QUERY, "keys": {"o": ["id"], "c": ["id"]}, "mode": 1}, "unknown option"),
         ({"query": "SELECT o.id FROM sales.orders o", "keys": {"o": ["id"]}}, "one table"),
+        ({"query": QUERY, "keys": {"o": ["id"], "O": ["k"], "c": ["id"]}}, "names o twice"),
+        (
+            {
+                "query": "SELECT a.x FROM d.t a JOIN d.u a__b ON a.k = a__b.k",
+                "keys": {"a": ["b__c"], "a__b": ["c"]},
+            },
+            "collide",
+        ),
     ],
 )
 def test_bad_options_are_refused_by_name(options: dict[str, Any], message: str) -> None:

@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 import pytest
-from sqlglot.executor import execute
+from sqlglot.executor import env, execute
 
 from devkit.join_model import Row, affected_keys, evaluate
 from lakeprop.consumers.join_view import sql
@@ -33,6 +33,11 @@ COLUMNS = [
     {"o": ["id", "cid", "pid"], "c": ["cid", "name"], "p": ["pid", "title"]},
     {"a": ["id", "x", "z"], "b": ["bid", "x", "y", "v"], "c": ["cid", "y", "z", "w"]},
 ]
+
+
+# Spark's null-safe equality (``<=>``), which sqlglot's executor lacks: Python's
+# ``==`` on None is just that
+env.ENV.setdefault("NULLSAFEEQ", lambda a, b: a == b)
 
 
 def _rows(rng: random.Random, alias: str, columns: list[str], key: str) -> list[Row]:

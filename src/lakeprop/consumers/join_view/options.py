@@ -76,14 +76,24 @@ def parse_options(options: Mapping[str, Any]) -> JoinViewOptions:
             f"{NAME} option keys names {unknown}, which the query does not: its tables "
             f"are {sorted(aliases.values())}"
         )
-    keys = {
-        aliases[str(a).lower()]: tuple(identifier_list(v, NAME, f"keys.{a}"))
-        for a, v in given.items()
-    }
+    keys: dict[str, tuple[str, ...]] = {}
+    for alias, columns in given.items():
+        name = aliases[str(alias).lower()]
+        if name in keys:
+            raise InvalidConsumerOptionsError(f"{NAME} option keys names {name} twice")
+        keys[name] = tuple(identifier_list(columns, NAME, f"keys.{alias}"))
     missing = [s.alias for s in query.sources if s.alias not in keys]
     if missing:
         raise InvalidConsumerOptionsError(
             f"{NAME} option keys lacks the primary key of {missing}: the view's rows are "
             "identified by every table's key"
         )
-    return JoinViewOptions(query, keys, target_options(options))
+    parsed = JoinViewOptions(query, keys, target_options(options))
+    names = [name.lower() for _, _, name in parsed.identity]
+    names += [o.name.lower() for o in query.outputs]
+    if len(set(names)) != len(names):
+        raise InvalidConsumerOptionsError(
+            f"{NAME}: the identity columns {[n for _, _, n in parsed.identity]} collide "
+            "(an alias or key name holding '__'); rename the alias"
+        )
+    return parsed

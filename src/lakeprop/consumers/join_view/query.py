@@ -100,11 +100,31 @@ _NON_DETERMINISTIC = frozenset(
         "input_file_block_start",
         "input_file_block_length",
         "unix_timestamp",
+        "uniform",
+        "randstr",
+        "reflect",
+        "java_method",
+        "try_reflect",
+        "current_database",
+        "current_schema",
+        "current_catalog",
     }
 )
-"""Functions whose answer for the same row changes between evaluations (by name).
-``unix_timestamp()`` without arguments is the current time; with them it is a
-conversion, but both are refused: ``to_unix_timestamp`` says the latter plainly."""
+"""Functions whose answer for the same row changes between evaluations, or that
+reach outside the row (``reflect``), by name. ``unix_timestamp()`` without
+arguments is the current time; with them it is a conversion, but both are
+refused: ``to_unix_timestamp`` says the latter plainly. Spark's analyzer checks
+determinism again at registration, for what this list cannot know (a UDF)."""
+
+_GENERATORS = frozenset({"json_tuple", "explode_outer", "posexplode_outer", "inline_outer"})
+"""Functions that make several rows of one (by name, beside sqlglot's ``UDTF`` class)."""
+
+_TABLE_ARGS = {"this", "db", "alias"}
+"""What a table in FROM or JOIN may carry: no time travel, sample, hint or the like
+(the consumer pins each source's version itself)."""
+
+_JOIN_ARGS = {"this", "side", "kind", "on", "method", "using"}
+"""What a JOIN may set (``method`` and ``using`` are then refused by name)."""
 
 JoinKind = Literal["inner", "left"]
 
@@ -170,11 +190,11 @@ class JoinQuery:
     def reads(self, alias: str) -> tuple[str, ...]:
         """The columns of the source ``alias`` the view reads (outputs, joins, filter),
         in first-use order."""
-        seen: dict[str, None] = {}
+        seen: dict[str, str] = {}
         for column in self._all_reads():
             if column.alias == alias:
-                seen.setdefault(column.name)
-        return tuple(seen)
+                seen.setdefault(column.name.lower(), column.name)
+        return tuple(seen.values())
 
     def _all_reads(self) -> Iterator[Column]:
         for output in self.outputs:
@@ -272,6 +292,13 @@ class _Checker:
                     "an aggregate over a join is an aggregate_view job that reads the "
                     "join view's target",
                 )
+            if isinstance(node, exp.UDTF) or (
+                isinstance(node, exp.Func) and _function_name(node) in _GENERATORS
+            ):
+                raise self.refuse(
+                    f"the generator {_short(node)}",
+                    "each row of the view holds one row of each table",
+                )
             if isinstance(node, exp.Func) and _function_name(node) in _NON_DETERMINISTIC:
                 raise self.refuse(
                     f"the non-deterministic function {_function_name(node)}()",
@@ -284,6 +311,18 @@ class _Checker:
         table = node.this if isinstance(node, exp.From | exp.Join) else node
         if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
             raise self.refuse(f"reading {_short(table)}", "name a table as database.table")
+        extra = sorted(k for k, v in table.args.items() if v and k not in _TABLE_ARGS | {"catalog"})
+        if extra:
+            raise self.refuse(
+                f"{_short(table)} ({', '.join(extra)})",
+                "a table is named alone; the view pins each table's version itself",
+            )
+        alias_node = table.args.get("alias")
+        if isinstance(alias_node, exp.TableAlias) and alias_node.args.get("columns"):
+            raise self.refuse(
+                f"renaming the columns of {table.name} in its alias",
+                "refer to each column by its own name",
+            )
         if table.args.get("catalog"):
             raise self.refuse(
                 f"the catalog-qualified table {_short(table)}",
@@ -309,6 +348,11 @@ class _Checker:
 
     def join(self, node: exp.Join) -> Join:
         side, kind = (node.side or "").upper(), (node.kind or "").upper()
+        extra = sorted(k for k, v in node.args.items() if v and k not in _JOIN_ARGS)
+        if extra:
+            raise self.refuse(f"JOIN with {', '.join(extra)}")
+        if kind == "OUTER" and not side:
+            raise self.refuse("OUTER JOIN without LEFT", "write LEFT JOIN or JOIN")
         if node.args.get("method"):
             raise self.refuse(f"{node.args['method']} JOIN", "write ON with the equalities")
         if node.args.get("using"):

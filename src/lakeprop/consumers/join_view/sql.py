@@ -59,16 +59,22 @@ def affected_parts(
 
 def recompute(options: JoinViewOptions, views: Mapping[str, str], keys: str | None) -> str:
     """The view's rows (its outputs, then its identity columns) for the first
-    table's keys in the view ``keys`` (every key with ``None``), each source read
-    from ``views`` by alias."""
+    table's keys in the view ``keys`` (every key with ``None``; a NULL key is
+    matched too, as the MERGE on the identity matches it), each source read from
+    ``views`` by alias."""
     query = options.query
     first = query.first.alias
     source = _q(views[first])
     if keys is not None:
         key = options.keys[first]
-        read = ", ".join(f"__f.{_q(c)}" for c in dict.fromkeys((*key, *query.reads(first))))
-        on = " AND ".join(f"__f.{_q(c)} = __k.{_q(c)}" for c in key)
-        source = f"(SELECT {read} FROM {source} AS __f JOIN {_q(keys)} AS __k ON {on})"
+        columns = {c.lower(): c for c in (*query.reads(first), *key)}
+        read = ", ".join(f"__f.{_q(c)}" for c in columns.values())
+        wanted = ", ".join(_q(c) for c in key)
+        on = " AND ".join(f"__f.{_q(c)} <=> __k.{_q(c)}" for c in key)
+        source = (
+            f"(SELECT {read} FROM {source} AS __f JOIN "
+            f"(SELECT DISTINCT {wanted} FROM {_q(keys)}) AS __k ON {on})"
+        )
     columns = [f"{o.sql} AS {_q(o.name)}" for o in query.outputs]
     columns += [
         f"{_q(alias)}.{_q(column)} AS {_q(name)}" for alias, column, name in options.identity
