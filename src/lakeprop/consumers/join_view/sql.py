@@ -67,8 +67,8 @@ def recompute(options: JoinViewOptions, views: Mapping[str, str], keys: str | No
     source = _q(views[first])
     if keys is not None:
         key = options.keys[first]
-        columns = {c.lower(): c for c in (*query.reads(first), *key)}
-        read = ", ".join(f"__f.{_q(c)}" for c in columns.values())
+        reads = {c.lower(): c for c in (*query.reads(first), *key)}
+        read = ", ".join(f"__f.{_q(c)}" for c in reads.values())
         wanted = ", ".join(_q(c) for c in key)
         on = " AND ".join(f"__f.{_q(c)} <=> __k.{_q(c)}" for c in key)
         source = (
