@@ -45,7 +45,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
-from lakeprop.identifiers import validate_identifier
+from lakeprop.identifiers import quote, validate_identifier
 
 MAX_TABLES = 3
 """A join view reads two or three tables."""
@@ -150,7 +150,7 @@ class Column:
     name: str
 
     def sql(self) -> str:
-        return f"`{self.alias}`.`{self.name}`"
+        return f"{quote(self.alias)}.{quote(self.name)}"
 
 
 @dataclass(frozen=True)

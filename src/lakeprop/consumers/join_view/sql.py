@@ -2,7 +2,8 @@
 
 Every source is read from a view the consumer names (the source at its pinned
 version, or a source's pre- and post-images); every identifier is one the
-options validated, and back-quoted here too. The SQL is plain enough for any
+options validated, and quoted with :func:`~lakeprop.identifiers.quote` (which
+validates it again), view names too. The SQL is plain enough for any
 engine with inner and left joins: the tests run it on sqlglot's executor
 against the Python model, and the consumer runs it on Spark.
 """
@@ -14,10 +15,7 @@ from collections.abc import Mapping
 from lakeprop.consumers.join_view.options import JoinViewOptions
 from lakeprop.consumers.join_view.plan import path_to
 from lakeprop.consumers.join_view.query import Join
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+from lakeprop.identifiers import quote
 
 
 def _on(join: Join) -> str:
@@ -25,7 +23,7 @@ def _on(join: Join) -> str:
 
 
 def _join(join: Join, view: str, kind: str) -> str:
-    return f" {kind} JOIN {_q(view)} AS {_q(join.source.alias)} ON {_on(join)}"
+    return f" {kind} JOIN {quote(view)} AS {quote(join.source.alias)} ON {_on(join)}"
 
 
 def affected(options: JoinViewOptions, views: Mapping[str, str], changes: Mapping[str, str]) -> str:
@@ -41,17 +39,17 @@ def affected_parts(
     """The SELECTs of :func:`affected`, one per changed source."""
     query = options.query
     first = query.first.alias
-    selected = ", ".join(f"{_q(first)}.{_q(c)} AS {_q(c)}" for c in options.keys[first])
+    selected = ", ".join(f"{quote(first)}.{quote(c)} AS {quote(c)}" for c in options.keys[first])
     parts = []
     for alias, images in changes.items():
         if alias == first:
-            parts.append(f"SELECT {selected} FROM {_q(images)} AS {_q(first)}")
+            parts.append(f"SELECT {selected} FROM {quote(images)} AS {quote(first)}")
             continue
         joins = "".join(
             _join(j, images if j.source.alias == alias else views[j.source.alias], "INNER")
             for j in path_to(query, alias)
         )
-        parts.append(f"SELECT {selected} FROM {_q(views[first])} AS {_q(first)}{joins}")
+        parts.append(f"SELECT {selected} FROM {quote(views[first])} AS {quote(first)}{joins}")
     if not parts:
         raise ValueError("no source changed")
     return parts
@@ -64,24 +62,25 @@ def recompute(options: JoinViewOptions, views: Mapping[str, str], keys: str | No
     ``views`` by alias."""
     query = options.query
     first = query.first.alias
-    source = _q(views[first])
+    source = quote(views[first])
     if keys is not None:
         key = options.keys[first]
         reads = {c.lower(): c for c in (*query.reads(first), *key)}
-        read = ", ".join(f"__f.{_q(c)}" for c in reads.values())
-        wanted = ", ".join(_q(c) for c in key)
-        on = " AND ".join(f"__f.{_q(c)} <=> __k.{_q(c)}" for c in key)
+        read = ", ".join(f"__f.{quote(c)}" for c in reads.values())
+        wanted = ", ".join(quote(c) for c in key)
+        on = " AND ".join(f"__f.{quote(c)} <=> __k.{quote(c)}" for c in key)
         source = (
             f"(SELECT {read} FROM {source} AS __f JOIN "
-            f"(SELECT DISTINCT {wanted} FROM {_q(keys)}) AS __k ON {on})"
+            f"(SELECT DISTINCT {wanted} FROM {quote(keys)}) AS __k ON {on})"
         )
-    columns = [f"{o.sql} AS {_q(o.name)}" for o in query.outputs]
+    columns = [f"{o.sql} AS {quote(o.name)}" for o in query.outputs]
     columns += [
-        f"{_q(alias)}.{_q(column)} AS {_q(name)}" for alias, column, name in options.identity
+        f"{quote(alias)}.{quote(column)} AS {quote(name)}"
+        for alias, column, name in options.identity
     ]
     joins = "".join(
         _join(j, views[j.source.alias], "LEFT" if j.kind == "left" else "INNER")
         for j in query.joins
     )
     where = f" WHERE {query.where}" if query.where else ""
-    return f"SELECT {', '.join(columns)} FROM {source} AS {_q(first)}{joins}{where}"
+    return f"SELECT {', '.join(columns)} FROM {source} AS {quote(first)}{joins}{where}"
