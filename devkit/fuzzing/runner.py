@@ -73,9 +73,10 @@ def consumers(bootstrap_servers: str, topic: str) -> dict[str, dict[str, Any]]:
     }
 
 
-NATIVE = ("replica", "index")
+NATIVE = ("replica", "index", "feed")
 """The jobs whose consumers have a native path: run a second time, on it (as one
-iteration: a member without a native path would send it all to Spark)."""
+iteration: a member without a native path would send it all to Spark); the feed
+publishes to a topic of its own."""
 DRIVEN = ("cdc2",)
 """The jobs that read their tables' logs in the driver when the native path is on,
 and iterate differently there: run a second time, in a fleet of their own with it
@@ -96,8 +97,12 @@ class Fleet:
     jobs: dict[str, JobSpec]
     native: NativeSettings | None
     suffix: str
+    topic: str = ""
+    """The topic its feed job publishes to, if it has one."""
     watermark: int | None = None
     generation: int = 0
+    paths: Counter[str] = field(default_factory=Counter)
+    """How many of its tails ran on each path (``native``, ``spark``)."""
     ids: dict[str, int] = field(default_factory=dict)
 
     def key(self, name: str) -> JobKey:
@@ -129,6 +134,8 @@ class Fleet:
         result = iterate(
             self.spark, self.tables, jobs, kind, self.watermark, to, native=self.native
         )
+        if kind is IterationKind.TAIL:
+            self.paths[result.path] += 1
         failed = [m for m in result.members if not m.ok]
         if failed:
             raise IterationFailed(
@@ -183,6 +190,9 @@ class Fuzzer:
         self.workdir = workdir
         self.bootstrap_servers = bootstrap_servers
         self.workload = workload
+        self.paths: Counter[tuple[str, str]] = Counter()
+        """Tails per (fleet, path) over every sequence checked: the native fleet's
+        must have taken the native path."""
 
     def generate(self, seed: int, operations: int) -> Case:
         """Draw a sequence, applying it as it is drawn (operations depend on the state)."""
@@ -215,15 +225,25 @@ class Fuzzer:
         root = self.workdir / f"run-{uuid.uuid4().hex[:8]}"
         tables = Tables(self.spark, TablesConfig(resolution="path", warehouse=str(root)))
         source = Source(self.spark, tables.path_for(DATABASE, TABLE), sequence.shape)
-        topic = f"fuzz-{uuid.uuid4().hex[:10]}"
+        topics = {path: f"fuzz-{path}-{uuid.uuid4().hex[:10]}" for path in ("spark", "native")}
         specs = {
-            n: JobSpec.from_json({"iteration": {"consumer": c}})
-            for n, c in consumers(self.bootstrap_servers, topic).items()
+            path: {
+                n: JobSpec.from_json({"iteration": {"consumer": c}})
+                for n, c in consumers(self.bootstrap_servers, topic).items()
+            }
+            for path, topic in topics.items()
         }
+        native = {n: specs["native"][n] for n in NATIVE}
         fleets = [
-            Fleet(self.spark, tables, specs, None, "spark"),
-            Fleet(self.spark, tables, {n: specs[n] for n in NATIVE}, NativeSettings(), "native"),
-            Fleet(self.spark, tables, {n: specs[n] for n in DRIVEN}, NativeSettings(), "driven"),
+            Fleet(self.spark, tables, specs["spark"], None, "spark", topics["spark"]),
+            Fleet(self.spark, tables, native, NativeSettings(), "native", topics["native"]),
+            Fleet(
+                self.spark,
+                tables,
+                {n: specs["spark"][n] for n in DRIVEN},
+                NativeSettings(),
+                "driven",
+            ),
         ]
         if self.workload == "pipelines":
             fleets = []
@@ -240,8 +260,9 @@ class Fuzzer:
             )
             for i, (path, steps) in enumerate(sequence.chains)
         ]
-        run = _Run(source, fleets, topic, self.bootstrap_servers, chains)
-        create_topic(KafkaConfig(self.bootstrap_servers), topic, 2, {}, 30.0)
+        run = _Run(source, fleets, self.bootstrap_servers, chains)
+        for topic in topics.values():
+            create_topic(KafkaConfig(self.bootstrap_servers), topic, 2, {}, 30.0)
         try:
             source.create()
             run.record()
@@ -259,6 +280,8 @@ class Fuzzer:
         except (IterationFailed, ChainFailed) as exc:
             return str(exc)
         finally:
+            for fleet in fleets:
+                self.paths.update({(fleet.suffix, p): n for p, n in fleet.paths.items()})
             BUILDS.wait(timeout=300)  # no background index build writes into a deleted tree
             shutil.rmtree(root, ignore_errors=True)
 
@@ -281,26 +304,24 @@ class _Scratch:
 
 
 class _Run:
-    """One replay: the source's states by version, the fleets, the feed's topic."""
+    """One replay: the source's states by version, the fleets and their feeds' topics."""
 
     def __init__(
         self,
         source: Source,
         fleets: list[Fleet],
-        topic: str,
         servers: str,
         chains: Sequence[ChainRun] = (),
     ) -> None:
         self.source = source
         self.fleets = fleets
         self.chains = chains
-        self.topic = topic
         self.servers = servers
         self.states: dict[int, models.State] = {}
         self.start = 0
         """The version of the spark fleet's last snapshot (where SCD type 2 begins)."""
-        self.skip: Counter[int] = Counter()
-        """Messages of the feed's topic per partition before the last resync."""
+        self.skip: dict[str, Counter[int]] = {}
+        """Messages of each feed's topic per partition before the last resync."""
 
     def valid(self) -> bool:
         keys = self.source.keys()
@@ -309,8 +330,11 @@ class _Run:
     def record(self, recreated: bool = False) -> None:
         """The source's rows at every version it reached since the last look."""
         if recreated:
-            if self.fleets and self.fleets[0].watermark is not None:  # the feed has messages
-                self.skip = Counter(p for p, _, _ in read_topic(self.servers, self.topic))
+            for fleet in self.fleets:
+                if fleet.topic and fleet.watermark is not None:  # its feed has messages
+                    self.skip[fleet.topic] = Counter(
+                        p for p, _, _ in read_topic(self.servers, fleet.topic)
+                    )
             self.states.clear()
             for fleet in self.fleets:
                 fleet.resync()
@@ -351,42 +375,53 @@ class _Run:
         """Job ``name``'s target against its model: the difference, or None (a target
         without a column its model reads is a difference too)."""
         try:
-            expected, actual = MODELS[name](self, source, fleet.table(name), version, columns)
+            expected, actual = MODELS[name](
+                self, fleet, source, fleet.table(name), version, columns
+            )
         except AnalysisException as exc:
             return f"{name} at source version {version}: {str(exc).splitlines()[0]}"
         return models.Check(name, version, expected, actual).differences()
 
-    def feed(self) -> list[tuple[str, str]]:
-        """The feed's messages since the last resync, by partition then offset."""
+    def feed(self, topic: str) -> list[tuple[str, str]]:
+        """A feed's messages since the last resync, by partition then offset."""
         seen: Counter[int] = Counter()
+        skip = self.skip.get(topic, Counter())
         kept = []
-        for partition, key, value in read_topic(self.servers, self.topic):
+        for partition, key, value in read_topic(self.servers, topic):
             seen[partition] += 1
-            if seen[partition] > self.skip[partition]:
+            if seen[partition] > skip[partition]:
                 kept.append(((key or b"").decode(), value.decode()))
         return kept
 
 
-Model = Callable[[_Run, DataFrame, models.Target, int, list[str]], tuple[models.Rows, models.Rows]]
-"""A job's (expected, actual) rows: the run, the source at the version, the job's tables,
-the version, the source's columns."""
+Model = Callable[
+    [_Run, Fleet, DataFrame, models.Target, int, list[str]], tuple[models.Rows, models.Rows]
+]
+"""A job's (expected, actual) rows: the run, the job's fleet, the source at the version,
+the job's tables, the version, the source's columns."""
 
 MODELS: dict[str, Model] = {
-    "replica": lambda run, source, target, version, columns: models.replica(
+    "replica": lambda run, fleet, source, target, version, columns: models.replica(
         source, target, columns
     ),
-    "index": lambda run, source, target, version, columns: models.secondary_index(source, target),
-    "text": lambda run, source, target, version, columns: models.fulltext_index(source, target),
-    "agg": lambda run, source, target, version, columns: models.aggregate_view(source, target),
-    "vec": lambda run, source, target, version, columns: models.vector_index(source, target),
-    "cdc1": lambda run, source, target, version, columns: models.auto_cdc_scd1(
+    "index": lambda run, fleet, source, target, version, columns: models.secondary_index(
+        source, target
+    ),
+    "text": lambda run, fleet, source, target, version, columns: models.fulltext_index(
+        source, target
+    ),
+    "agg": lambda run, fleet, source, target, version, columns: models.aggregate_view(
+        source, target
+    ),
+    "vec": lambda run, fleet, source, target, version, columns: models.vector_index(source, target),
+    "cdc1": lambda run, fleet, source, target, version, columns: models.auto_cdc_scd1(
         source, target, columns
     ),
-    "cdc2": lambda run, source, target, version, columns: models.auto_cdc_scd2(
+    "cdc2": lambda run, fleet, source, target, version, columns: models.auto_cdc_scd2(
         run.states, run.start, version, target, columns
     ),
-    "feed": lambda run, source, target, version, columns: models.kafka_changefeed(
-        source, run.feed(), [c for c in columns if c != "emb"]
+    "feed": lambda run, fleet, source, target, version, columns: models.kafka_changefeed(
+        source, run.feed(fleet.topic), [c for c in columns if c != "emb"]
     ),
 }
 """Each job's model (:data:`consumers`)."""

@@ -32,6 +32,8 @@ def test_random_real_delta_operations_leave_every_target_equal_to_its_model(
 ) -> None:
     fuzzer = Fuzzer(spark, tmp_path, kafka.bootstrap_servers)
     assert run(fuzzer, SEEDS, OPERATIONS) == []
+    # the native fleet (replica, index, feed) ran tails on its path, not on Spark alone
+    assert fuzzer.paths[("native", "native")] > 0, fuzzer.paths
 
 
 PIPELINE_SEED = 3

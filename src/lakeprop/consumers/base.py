@@ -38,8 +38,10 @@ A consumer must
 A consumer that can also apply a small change set in the driver, without Spark
 (delta-rs; :mod:`lakeprop.consumers.native`), sets ``native = True`` and
 implements ``apply_changes_native(changes, from_version, to_version)``, where
-``changes`` is the same rows as an Arrow table. The engine decides which of the
-two methods a tail calls; both must leave the target the same.
+``changes`` is the same rows as an Arrow table (``_commit_timestamp`` as Spark's
+change feed gives it). The engine decides which of the two methods a tail calls;
+both must leave the target the same. ``why_not_native(fields)`` may keep a source's
+tails on Spark (a column type it cannot take), saying why.
 """
 
 from __future__ import annotations
@@ -252,6 +254,9 @@ class Consumer(ABC):
     """Whether the target is a Delta table other jobs may read as their source. Its
     change feed is on unless the job's ``change_feed`` option turns it off
     (:meth:`overwrite` sees to it)."""
+    commit_timestamps: ClassVar[bool] = False
+    """Whether its native path reads ``_commit_timestamp``: the engine then gives the
+    change set the timestamps Spark's change feed has (a few log reads more)."""
 
     def __init__(self, context: ConsumerContext) -> None:
         self.context = context
@@ -347,6 +352,11 @@ class Consumer(ABC):
     @abstractmethod
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         """Apply the changes of versions ``(from_version, to_version]``."""
+
+    def why_not_native(self, fields: Sequence[tuple[str, Any]]) -> str | None:
+        """Why a consumer with a native path cannot take this source's (name, delta-rs
+        type) columns natively (the iteration runs on Spark, saying so); None when it can."""
+        return None
 
     def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
         """Apply the same changes, given as an Arrow table, in the driver (``native``)."""

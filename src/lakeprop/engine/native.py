@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lakeprop import expectations
 from lakeprop.changes import CDF_COLUMNS
@@ -136,8 +136,8 @@ def plan_native(
         unread = native.readable(read)
         if unread is not None:
             return f"source uses {unread}"
-        columns = tuple(f.name for f in read.schema().fields)
-        targets = _targets(spark, jobs, tables, settings, columns)
+        fields = tuple((f.name, f.type) for f in read.schema().fields)
+        targets = _targets(spark, jobs, tables, settings, fields)
     except Exception as exc:  # unreachable storage, a missing target, no credentials
         return f"delta-rs cannot open the tables: {str(exc).splitlines()[0][:200]}"
     if isinstance(targets, str):
@@ -150,14 +150,22 @@ def _targets(
     jobs: Sequence[MemberJob],
     tables: Tables,
     settings: NativeSettings,
-    columns: tuple[str, ...],
+    fields: tuple[tuple[str, Any], ...],
 ) -> dict[int, str] | str:
-    """Each member's target location, or why one cannot be written natively: a
-    feature delta-rs does not write, or a source column it lacks (Spark adds it)."""
+    """Each member's target location ("" for a target that is no table), or why one
+    cannot be written natively: the consumer says why (:meth:`Consumer.why_not_native`),
+    a feature delta-rs does not write, or a source column it lacks (Spark adds it)."""
     targets: dict[int, str] = {}
+    columns = tuple(name for name, _ in fields)
     for job in jobs:
         context = _context(spark, job, tables, settings, None, 0, columns)
-        consumer = get_consumer_type(job.spec.iteration.consumer.type).factory(context)
+        consumer: Consumer = get_consumer_type(job.spec.iteration.consumer.type).factory(context)
+        refused = consumer.why_not_native(fields)
+        if refused is not None:
+            return refused
+        if not consumer.table_target:  # a topic: no table to open or check
+            targets[job.member.job_id] = ""
+            continue
         target = consumer.target
         location = target.location()
         unsafe = _unsafe_for_delta_rs(location, settings)
@@ -236,6 +244,8 @@ def run_native(
             starting_version=plan.from_version + 1, ending_version=plan.to_version
         )
         changes: pa.Table = native.plain(pa.table(reader))
+        if any(_reads_commit_timestamps(j) for j in jobs):
+            changes = with_change_feed_times(spark, where.source, plan, changes)
     except Exception as exc:
         raise NativeReadFailed(str(exc).splitlines()[0][:300] if str(exc) else repr(exc)) from exc
     result.path = "native"
@@ -260,6 +270,32 @@ def run_native(
 
     fan_out(spark, jobs, consume, result, 1, {})
     fault_point("iteration.after_writes")
+
+
+def _reads_commit_timestamps(job: MemberJob) -> bool:
+    factory = get_consumer_type(job.spec.iteration.consumer.type).factory
+    return bool(getattr(factory, "commit_timestamps", False))
+
+
+def with_change_feed_times(
+    spark: SparkSession, source: str, plan: IterationPlan, changes: pa.Table
+) -> pa.Table:
+    """``changes`` with the ``_commit_timestamp`` Spark's change feed gives each commit
+    (:meth:`DeltaLogProbe.change_feed_times`), not delta-rs's: a consumer that
+    publishes or sequences by it writes the same on both paths."""
+    import pyarrow as pa
+
+    assert plan.from_version is not None
+    times = DeltaLogProbe(spark).change_feed_times(source, plan.from_version + 1, plan.to_version)
+    if times is None:
+        raise NativeReadFailed("a commit file of the range is gone")
+    column = changes.schema.get_field_index("_commit_timestamp")
+    stamps = pa.array(
+        [times[int(v)] for v in changes["_commit_version"].to_pylist()], pa.timestamp("ms")
+    )
+    return changes.set_column(
+        column, changes.schema.field(column), stamps.cast(changes.schema.field(column).type)
+    )
 
 
 def _context(

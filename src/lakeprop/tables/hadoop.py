@@ -47,6 +47,11 @@ class Files(Protocol):
         """Names of the entries of a directory ([] when it does not exist)."""
         ...
 
+    def modified(self, location: str) -> float | None:
+        """The file's modification time (seconds since the epoch, to the millisecond,
+        as Hadoop's file systems give it), or None if it does not exist."""
+        ...
+
     def move(self, location: str, target: str) -> None:
         """Move a file or directory to ``target`` (its parent is created; a rename
         where the file system has one, a copy and delete on an object store)."""
@@ -93,6 +98,12 @@ class LocalFiles:
 
     def delete(self, location: str) -> None:
         Path(self._path(location)).unlink(missing_ok=True)
+
+    def modified(self, location: str) -> float | None:
+        try:
+            return os.stat(self._path(location)).st_mtime_ns // 1_000_000 / 1000.0
+        except FileNotFoundError:
+            return None
 
     def names(self, location: str) -> list[str]:
         try:

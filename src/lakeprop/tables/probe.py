@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from lakeprop.tables.hadoop import FilesFor, local_path
+from lakeprop.tables.hadoop import Files, FilesFor, local_path
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
@@ -86,6 +86,10 @@ def estimate_change_rows(
     if "numOutputRows" in metrics:  # WRITE, CREATE TABLE AS SELECT, STREAMING UPDATE
         return n("numOutputRows") + removed_rows
     return added_rows + removed_rows
+
+
+MONOTONIC_LOOKBACK = 100
+"""Commits before a range that Delta's change feed keeps its timestamps above."""
 
 
 class DeltaLogProbe:
@@ -237,6 +241,41 @@ class DeltaLogProbe:
                 timestamp = json.loads(line)["commitInfo"].get("timestamp")
                 return None if timestamp is None else int(timestamp) / 1000.0
         return None
+
+    def change_feed_times(self, location: str, first: int, last: int) -> dict[int, int] | None:
+        """The ``_commit_timestamp`` Delta's change feed gives commits ``first`` to
+        ``last``, in epoch milliseconds: a commit's in-commit timestamp where the table
+        keeps them, else its file's modification time, each kept above the one before
+        it as Delta's history does (from up to 100 commits before ``first``, the ones
+        still there); None when a commit file of the range is gone. The
+        ``commitInfo`` timestamp, which delta-rs gives instead, is taken before the
+        file is written and differs."""
+        files = self.files_for(location)
+        times: dict[int, int] = {}
+        previous: int | None = None
+        for version in range(max(first - MONOTONIC_LOOKBACK, 0), last + 1):
+            moment = self._feed_time(files, self._log(location, self._commit(version)))
+            if moment is None:
+                if version >= first:
+                    return None
+                continue
+            if previous is not None and moment <= previous:
+                moment = previous + 1
+            previous = moment
+            if version >= first:
+                times[version] = moment
+        return times
+
+    @staticmethod
+    def _feed_time(files: Files, name: str) -> int | None:
+        for line in files.lines(name):
+            if line.startswith('{"commitInfo"'):
+                stamp = json.loads(line)["commitInfo"].get("inCommitTimestamp")
+                if stamp is not None:
+                    return int(stamp)
+                break
+        modified = files.modified(name)
+        return None if modified is None else round(modified * 1000)
 
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
