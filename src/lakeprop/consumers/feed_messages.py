@@ -59,6 +59,8 @@ def unsupported_settings(time_zone: str, conf: Callable[[str, str], str]) -> str
         return "spark.sql.jsonGenerator.ignoreNullFields is false"
     if conf("spark.sql.legacy.timeParserPolicy", "CORRECTED").upper() == "LEGACY":
         return "spark.sql.legacy.timeParserPolicy is LEGACY"
+    if conf("spark.sql.files.supportSecondOffsetFormat", "true").lower() != "true":
+        return "spark.sql.files.supportSecondOffsetFormat is false"
     return None
 
 
@@ -95,7 +97,9 @@ def kinds_of_arrow(schema: Any) -> dict[str, str]:
         ):
             if test(t):
                 return name
-        return "string"
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return "string"
+        raise TypeError(f"no JSON written here for Arrow type {t}")
 
     return {f.name: kind(f.type) for f in schema}
 
@@ -237,11 +241,13 @@ def _aware(value: datetime) -> datetime:
 
 
 def _offset(offset: timedelta) -> str:
-    """``XXX``: the offset's hours and minutes (its seconds, if any, left out)."""
+    """``XXXXX``, Spark 4's JSON offset: hours and minutes, and the seconds when
+    there are any (``spark.sql.files.supportSecondOffsetFormat``, on by default)."""
     seconds = int(offset.total_seconds())
     sign = "+" if seconds >= 0 else "-"
     hours, rest = divmod(abs(seconds), 3600)
-    return f"{sign}{hours:02d}:{rest // 60:02d}"
+    minutes, seconds = divmod(rest, 60)
+    return f"{sign}{hours:02d}:{minutes:02d}" + (f":{seconds:02d}" if seconds else "")
 
 
 def _bits(kind: str, value: float) -> bytes:

@@ -154,7 +154,8 @@ class KafkaChangefeedConsumer(Consumer):
         )
 
     def _time_zone(self) -> str:
-        return str(self.context.spark.conf.get("spark.sql.session.timeZone", "UTC") or "UTC")
+        # no default given: Spark's own (the JVM's zone) when the session sets none
+        return str(self.context.spark.conf.get("spark.sql.session.timeZone") or "UTC")
 
     def _numbers(self, kind: str, values: list[float]) -> list[str]:
         """The driver JVM's ``Double.toString`` (``Float.toString``) of each value,
@@ -200,18 +201,22 @@ class KafkaChangefeedConsumer(Consumer):
             if error is not None:
                 failed.append(str(error))
 
-        for key, value in built:
-            while True:
-                try:
-                    producer.produce(
-                        options["topic"], value.encode(), key.encode(), on_delivery=report
-                    )
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain it
-                    producer.poll(0.5)
+        try:
+            for key, value in built:
+                while True:
+                    try:
+                        producer.produce(
+                            options["topic"], value.encode(), key.encode(), on_delivery=report
+                        )
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.5)
+        except Exception as exc:  # a message the client refuses (too large, say)
+            producer.purge()  # what is still queued goes nowhere
+            raise DeliveryError(f"kafka_changefeed: {options['topic']}: {exc}") from exc
         unsent = producer.flush(DELIVERY_TIMEOUT)
         if unsent or failed:
-            producer.purge()  # nothing of this attempt lands after the retry's messages
+            producer.purge()  # what is still queued goes nowhere
             raise DeliveryError(
                 f"kafka_changefeed: {unsent} message(s) to {options['topic']} unconfirmed "
                 f"after {DELIVERY_TIMEOUT:.0f}s, {len(failed)} failed"

@@ -47,6 +47,7 @@ from lakeprop.tables.resolve import Tables
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -243,7 +244,7 @@ def run_native(
         reader = source.load_cdf(
             starting_version=plan.from_version + 1, ending_version=plan.to_version
         )
-        changes: pa.Table = native.plain(pa.table(reader))
+        changes: pa.Table = in_schema_order(source, native.plain(pa.table(reader)))
         if any(_reads_commit_timestamps(j) for j in jobs):
             changes = with_change_feed_times(spark, where.source, plan, changes)
     except Exception as exc:
@@ -270,6 +271,14 @@ def run_native(
 
     fan_out(spark, jobs, consume, result, 1, {})
     fault_point("iteration.after_writes")
+
+
+def in_schema_order(source: DeltaTable, changes: pa.Table) -> pa.Table:
+    """The change set's columns in the source's order, as Spark's change feed has
+    them (delta-rs puts partition columns last), then the change feed's."""
+    names = [f.name for f in source.schema().fields]
+    rest = [c for c in changes.column_names if c not in names]
+    return changes.select([*(c for c in names if c in changes.column_names), *rest])
 
 
 def _reads_commit_timestamps(job: MemberJob) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from lakeprop.tables.hadoop import Files, FilesFor, local_path
+from lakeprop.tables.hadoop import FilesFor, local_path
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
@@ -244,38 +244,35 @@ class DeltaLogProbe:
 
     def change_feed_times(self, location: str, first: int, last: int) -> dict[int, int] | None:
         """The ``_commit_timestamp`` Delta's change feed gives commits ``first`` to
-        ``last``, in epoch milliseconds: a commit's in-commit timestamp where the table
-        keeps them, else its file's modification time, each kept above the one before
-        it as Delta's history does (from up to 100 commits before ``first``, the ones
-        still there); None when a commit file of the range is gone. The
-        ``commitInfo`` timestamp, which delta-rs gives instead, is taken before the
-        file is written and differs."""
+        ``last``, in epoch milliseconds, by Delta's rule: the commit files'
+        modification times, each kept above the one before it (from up to 100
+        commits before ``first``, the ones still there), and a commit's in-commit
+        timestamp instead where it has one. None when a commit file of the range is
+        gone. (The ``commitInfo`` timestamp, which delta-rs gives, is taken before the
+        file is written and differs.)"""
         files = self.files_for(location)
         times: dict[int, int] = {}
         previous: int | None = None
         for version in range(max(first - MONOTONIC_LOOKBACK, 0), last + 1):
-            moment = self._feed_time(files, self._log(location, self._commit(version)))
-            if moment is None:
+            modified = files.modified(self._log(location, self._commit(version)))
+            if modified is None:
                 if version >= first:
                     return None
                 continue
+            moment = round(modified * 1000)
             if previous is not None and moment <= previous:
                 moment = previous + 1
             previous = moment
             if version >= first:
                 times[version] = moment
+        for version in times:
+            for line in files.lines(self._log(location, self._commit(version))):
+                if line.startswith('{"commitInfo"'):
+                    stamp = json.loads(line)["commitInfo"].get("inCommitTimestamp")
+                    if stamp is not None:
+                        times[version] = int(stamp)
+                    break
         return times
-
-    @staticmethod
-    def _feed_time(files: Files, name: str) -> int | None:
-        for line in files.lines(name):
-            if line.startswith('{"commitInfo"'):
-                stamp = json.loads(line)["commitInfo"].get("inCommitTimestamp")
-                if stamp is not None:
-                    return int(stamp)
-                break
-        modified = files.modified(name)
-        return None if modified is None else round(modified * 1000)
 
     def latest_version(self, location: str) -> int | None:
         """The table's latest version, or None when it has no log (not a Delta table)."""
