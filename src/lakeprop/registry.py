@@ -56,6 +56,9 @@ class ConsumerType:
     :meth:`~lakeprop.consumers.base.ConsumerContext.in_change_range`)."""
     native: bool = False
     """Whether the consumer can apply a small change set without Spark (delta-rs)."""
+    native_snapshot: bool = False
+    """Whether the consumer can replace its target with a small table's rows without
+    Spark (delta-rs)."""
     table_target: bool = True
     """Whether the consumer keeps a Delta table at its target name
     (:func:`~lakeprop.spec.target_table`) that other jobs may read as their
@@ -149,6 +152,7 @@ def _as_consumer_type(name: str, target: object) -> ConsumerType:
             key_columns=consumer.key_columns,
             check_source=consumer.check_source,
             native=bool(consumer.native),
+            native_snapshot=bool(getattr(consumer, "native_snapshot", False)),
             table_target=bool(getattr(consumer, "table_target", True)),
         )
     raise UnknownConsumerError(

@@ -1,4 +1,5 @@
-"""The native path: small tails MERGEd by delta-rs in the driver, equal to Spark's.
+"""The native path: small tails MERGEd, and small snapshots written, by delta-rs in
+the driver, equal to Spark's.
 
 Every version of a replica and a secondary index is compared whole with the
 source at the version it records, in both modes (``auto``: native where it can,
@@ -15,6 +16,7 @@ import random
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chispa import assert_df_equality
@@ -226,6 +228,126 @@ def test_a_delete_that_removes_a_file_with_a_deletion_vector_runs_on_spark(
     )
 
 
+SNAPSHOT_SCHEMA = (
+    "id INT NOT NULL, name STRING, amount DOUBLE, ratio FLOAT, ok BOOLEAN, day DATE, "
+    "at TIMESTAMP, price DECIMAL(10,2), emb ARRAY<FLOAT>, b TINYINT, bin BINARY, "
+    "ntz TIMESTAMP_NTZ"
+)
+
+
+def test_a_small_snapshot_is_written_in_the_driver_as_spark_writes_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A replica's snapshot of a small table, natively and on Spark: the same schema
+    (every column nullable), rows and change feed property; a replay writes nothing;
+    a re-snapshot over the target replaces it; what Spark must write stays there."""
+    path = f"{tmp_path}/p/src"
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` ({SNAPSHOT_SCHEMA}) USING DELTA PARTITIONED BY (ok) "
+        "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+    )
+    spark.sql(
+        f"INSERT INTO delta.`{path}` VALUES (1, 'a', 1.5, 2.5, true, DATE'2020-01-01', "
+        "TIMESTAMP'2020-01-01 10:00:00.123456', 1.23, array(1.0, null), 1, X'00ff', "
+        "TIMESTAMP_NTZ'2021-01-01 00:00:00'), "
+        "(2, null, null, null, null, null, null, null, null, null, null, null)"
+    )
+    copy = JOBS["copy"][0]
+    drivers = {
+        mode: HandDriven(
+            spark,
+            str(tmp_path),
+            JobKey(1, "p", "src", mode),
+            copy,
+            native=NativeSettings() if mode == "native" else None,
+        )
+        for mode in ("native", "spark")
+    }
+    version = latest_version(spark, path)
+    done = {mode: driver.snapshot(version) for mode, driver in drivers.items()}
+    assert (done["native"].path, done["native"].spark_jobs) == ("native", 0)
+    assert done["spark"].path == "spark"
+    native, spark_side = (drivers[m].read() for m in ("native", "spark"))
+    assert_df_equality(native, spark_side, ignore_row_order=True)  # nullability too
+    assert_df_equality(
+        native, at(spark, path, version), ignore_row_order=True, ignore_nullable=True
+    )
+    for driver in drivers.values():
+        properties = DeltaTable.forPath(spark, driver.path()).detail().first()["properties"]
+        assert properties["delta.enableChangeDataFeed"] == "true"
+
+    target_version = latest_version(spark, drivers["native"].path())
+    drivers["native"].snapshot(version)  # a replay: the job's transaction is there
+    assert latest_version(spark, drivers["native"].path()) == target_version
+
+    spark.sql(f"UPDATE delta.`{path}` SET name = 'z', id = 3 WHERE id = 1")
+    spark.sql(f"INSERT INTO delta.`{path}` (id, ok) VALUES (4, false)")
+    resync = drivers["native"].snapshot(latest_version(spark, path))
+    assert resync.path == "native"
+    assert_df_equality(
+        drivers["native"].read(),
+        spark.read.format("delta").load(path),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", target_version + 1)
+        .load(drivers["native"].path())
+    )
+    assert sorted((r["id"], r["_change_type"]) for r in feed.collect()) == [
+        (1, "delete"),
+        (2, "delete"),
+        (2, "insert"),
+        (3, "insert"),
+        (4, "insert"),
+    ]
+
+    # what keeps a snapshot on Spark, said in its note, and the target still exact
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (m MAP<STRING, INT>)")
+    spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN name COMMENT 'who'")
+    version = latest_version(spark, path)
+
+    def two(column: str) -> dict[str, Any]:
+        return {"type": "replica", "options": {"primary_key": ["id"], "columns": ["id", column]}}
+
+    quarantined = HandDriven(spark, str(tmp_path), JobKey(1, "p", "src", "q"), two("amount"))
+    spark.range(1).write.format("delta").save(quarantined.path("__quarantine"))
+    cases = {
+        "m": (copy, NativeSettings(), "column(s) ['m'] are of a nested type"),
+        "few": (
+            two("amount"),
+            NativeSettings(max_rows=2),
+            "more than 2 rows (engine.native_max_rows)",
+        ),
+        "noted": (
+            two("name"),
+            NativeSettings(),
+            "column(s) ['name'] carry metadata (a comment, say)",
+        ),
+        "q": (
+            two("amount"),
+            NativeSettings(),
+            f"a snapshot empties {quarantined.path('__quarantine')}",
+        ),
+    }
+    for name, (consumer, settings, note) in cases.items():
+        driver = HandDriven(
+            spark, str(tmp_path), JobKey(1, "p", "src", name), consumer, native=settings
+        )
+        result = driver.snapshot(version)
+        assert (result.path, result.path_note) == ("spark", note), name
+        columns = (
+            consumer["options"].get("columns") or spark.read.format("delta").load(path).columns
+        )
+        assert_df_equality(  # ordered by hand: a map column has no hash to sort by
+            driver.read().orderBy("id"),
+            at(spark, path, version).select(*columns).orderBy("id"),
+            ignore_nullable=True,
+        )
+
+
 def test_the_service_runs_small_tails_natively_and_records_the_path(
     spark: SparkSession, app_config: AppConfig
 ) -> None:
@@ -242,9 +364,14 @@ def test_the_service_runs_small_tails_natively_and_records_the_path(
         for _ in range(2):
             workload.burst(1)
             wait_for_watermark(spark, config, key, latest_version(spark, path))
-    tails = history(spark, config).where("kind = 'tail'").collect()
+    runs = history(spark, config).collect()
+    tails = [r for r in runs if r["kind"] == "tail"]
     assert tails and {r["path"] for r in tails} == {"native"}
     assert {r["spark_jobs"] for r in tails} == {0}
+    # the first snapshot of a small table too
+    assert [(r["path"], r["spark_jobs"]) for r in runs if r["kind"] == "snapshot"] == [
+        ("native", 0)
+    ]
     assert_df_equality(
         spark.read.format("delta").load(f"{config.tables.warehouse}/shop/quick_copy"),
         spark.read.format("delta").load(path),
@@ -264,8 +391,8 @@ def test_a_feed_publishes_the_same_messages_to_the_same_partitions_on_both_paths
     spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:
     """Two ``kafka_changefeed`` jobs of a partitioned source, one always on Spark and one native
-    where it can, each to a topic of its own: after inserts, updates, a key-changing
-    update and deletes, both topics hold the same messages, byte for byte, in the
+    where it can, each to a topic of its own: after a snapshot, inserts, updates, a
+    key-changing update and deletes, both topics hold the same messages, byte for byte, in the
     same partitions and order. A column type only Spark's JSON writer writes keeps
     the native one's tail on Spark, saying so."""
     path = f"{tmp_path}/p/src"
@@ -303,7 +430,8 @@ def test_a_feed_publishes_the_same_messages_to_the_same_partitions_on_both_paths
                 native=NativeSettings() if name == "native" else None,
             ),
         )
-        drivers[name][1].snapshot(latest_version(spark, path))
+        snapshot = drivers[name][1].snapshot(latest_version(spark, path))
+        assert snapshot.path == name, snapshot.path_note
     for statement in (
         f"UPDATE {table} SET amount = amount * 2, name = 'c' WHERE id = 1",
         # doubles whose digits the JDK chooses (17's are not always the shortest),

@@ -22,6 +22,7 @@ from lakeprop.consumers.feed_messages import (
     messages,
     operations,
     quote,
+    snapshot_messages,
     unsupported,
     unsupported_settings,
 )
@@ -143,6 +144,15 @@ def test_each_keys_messages_are_in_version_order_a_delete_first() -> None:
         ('{"id":2}', "insert", 4, "new"),
     ]
     assert all("commit_timestamp" not in m for _, m in sent)  # a null field is left out
+
+
+def test_a_snapshot_is_each_row_at_its_version_with_no_commit_timestamp() -> None:
+    rows = [{"id": 2, "v": None, "_hidden": 1}, {"id": 1, "v": "a", "_hidden": 2}]
+    encoder = Encoder({"id": "long", "v": "string", "_hidden": "long"}, "UTC")
+    assert snapshot_messages(rows, ["id"], 7, encoder) == [
+        ('{"id":1}', '{"op":"snapshot","version":7,"row":{"id":1,"v":"a"}}'),
+        ('{"id":2}', '{"op":"snapshot","version":7,"row":{"id":2}}'),
+    ]
 
 
 def test_types_spark_alone_writes_keep_the_job_on_spark() -> None:

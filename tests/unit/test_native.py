@@ -4,6 +4,7 @@ local disk (no Spark)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -11,7 +12,11 @@ from deltalake import DeltaTable, write_deltalake
 
 from lakeprop.changes import latest_change_per_key_arrow
 from lakeprop.consumers import native
+from lakeprop.engine.model import IterationKind, IterationPlan, Member, MemberJob, TableRef
+from lakeprop.engine.native import NativeSettings, why_not
 from lakeprop.errors import ErrorCode
+from lakeprop.spec import JobKey, JobSpec
+from lakeprop.storage import Storage
 
 
 def changes(*rows: tuple[int, str, str, int]) -> pa.Table:
@@ -117,3 +122,61 @@ def test_a_table_with_a_feature_delta_rs_does_not_write_stays_on_spark(tmp_path:
         str(tmp_path / "dv"), data, configuration={"delta.enableDeletionVectors": "true"}
     )
     assert "deletionVectors" in (native.writable(DeltaTable(str(tmp_path / "dv"))) or "")
+
+
+def test_an_overwrite_makes_the_table_once_per_version_every_column_nullable(
+    tmp_path: Path,
+) -> None:
+    """A new table gets the rows, nullable columns and its change feed; a replay of
+    the version writes nothing; a later version replaces rows and schema."""
+    location = str(tmp_path / "t")
+    schema = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("name", pa.string())])
+    rows = pa.table({"id": [1, 2], "name": ["a", None]}, schema=schema)
+    native.overwrite(location, rows, Storage(), "job-1", 3, change_feed=True)
+    table = DeltaTable(location)
+    assert table.transaction_version("job-1") == 3
+    assert table.metadata().configuration == {"delta.enableChangeDataFeed": "true"}
+    assert all(f.nullable for f in table.schema().fields)
+    assert pa.table(table.to_pyarrow_table()).sort_by("id").to_pylist() == rows.to_pylist()
+
+    native.overwrite(location, rows.slice(0, 1), Storage(), "job-1", 3, change_feed=True)
+    assert DeltaTable(location).version() == table.version()  # written before: skipped
+
+    later = pa.table({"id": pa.array([7], pa.int64())})
+    native.overwrite(location, later, Storage(), "job-1", 5, change_feed=True)
+    table = DeltaTable(location)
+    assert table.to_pyarrow_table().to_pylist() == [{"id": 7}]
+    assert table.transaction_version("job-1") == 5
+    assert table.metadata().configuration == {"delta.enableChangeDataFeed": "true"}
+
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "replica": {"primary_key": ["id"]},
+    "secondary_index": {"columns": ["g"], "primary_key": ["id"]},
+    "aggregate_view": {"aggregates": [{"fn": "count", "as": "n"}]},
+}
+
+
+def test_a_job_whose_consumers_cannot_all_snapshot_natively_stays_on_spark() -> None:
+    def plan(*types: str) -> tuple[IterationPlan, list[MemberJob]]:
+        keys = [JobKey(1, "db", "src", f"j{i}") for i in range(len(types))]
+        jobs = [
+            MemberJob(
+                Member((key, i), i, None),
+                key,
+                JobSpec.from_json({"iteration": {"consumer": {"type": t, "options": OPTIONS[t]}}}),
+            )
+            for i, (key, t) in enumerate(zip(keys, types, strict=True))
+        ]
+        members = tuple(j.member for j in jobs)
+        return IterationPlan(
+            TableRef(1, "db", "src"), IterationKind.SNAPSHOT, 4, members, 0, 0.0
+        ), jobs
+
+    assert why_not(*plan("replica", "secondary_index"), NativeSettings()) is None
+    assert why_not(*plan("replica", "aggregate_view"), NativeSettings()) == (
+        "consumer type(s) ['aggregate_view'] have no native snapshot"
+    )
+    assert why_not(*plan("replica"), NativeSettings(mode="spark")) == (
+        "engine.small_iterations = 'spark'"
+    )

@@ -167,10 +167,12 @@ class EngineConfig:
     small_iterations: str = "auto"
     """``auto``: a tail of at most ``native_max_rows`` change rows, whose consumers all
     have a native path and whose tables delta-rs can write, runs in the driver
-    with delta-rs instead of on Spark; ``spark``: every iteration runs on Spark."""
+    with delta-rs instead of on Spark, and so does a snapshot of a table of at most
+    as many rows whose consumers can write one; ``spark``: every iteration runs on
+    Spark."""
     native_max_rows: int = 10_000
-    """The largest change set (estimated from the commits' metrics) a native
-    iteration takes."""
+    """The largest change set (estimated from the commits' metrics), or table (by its
+    files' row counts) for a snapshot, a native iteration takes."""
     native_storage_options: Mapping[str, str] = field(default_factory=dict)
     """How delta-rs reaches object stores from the driver (``AWS_REGION``,
     ``AZURE_STORAGE_ACCOUNT_NAME``, ...; values ``${NAME}`` from the environment)."""

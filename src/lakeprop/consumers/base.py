@@ -41,7 +41,10 @@ implements ``apply_changes_native(changes, from_version, to_version)``, where
 ``changes`` is the same rows as an Arrow table (``_commit_timestamp`` as Spark's
 change feed gives it). The engine decides which of the two methods a tail calls;
 both must leave the target the same. ``why_not_native(fields)`` may keep a source's
-tails on Spark (a column type it cannot take), saying why.
+tails on Spark (a column type it cannot take), saying why. One that can also
+replace its target with a small table's rows in the driver sets
+``native_snapshot = True`` and implements ``snapshot_native(rows, version)``, the
+same rows as :meth:`Consumer.snapshot` gets, as an Arrow table.
 """
 
 from __future__ import annotations
@@ -250,6 +253,9 @@ class Consumer(ABC):
 
     native: ClassVar[bool] = False
     """Whether :meth:`apply_changes_native` applies a small change set without Spark."""
+    native_snapshot: ClassVar[bool] = False
+    """Whether :meth:`snapshot_native` replaces the target with a small table's rows
+    without Spark."""
     table_target: ClassVar[bool] = True
     """Whether the target is a Delta table other jobs may read as their source. Its
     change feed is on unless the job's ``change_feed`` option turns it off
@@ -361,3 +367,8 @@ class Consumer(ABC):
     def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
         """Apply the same changes, given as an Arrow table, in the driver (``native``)."""
         raise NotImplementedError(f"{type(self).__name__} has no native path")
+
+    def snapshot_native(self, rows: pa.Table, version: int) -> int:
+        """Replace the target with ``rows`` (the source as of ``version``, as Arrow) in
+        the driver (``native_snapshot``), as :meth:`snapshot` does on Spark."""
+        raise NotImplementedError(f"{type(self).__name__} has no native snapshot")

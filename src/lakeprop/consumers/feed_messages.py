@@ -314,3 +314,21 @@ def messages(
         out.append((encoder.struct(key, row), int(row["_commit_version"]), rank, body))
     out.sort(key=lambda m: (m[0], m[1], m[2]))
     return [(k, v) for k, _, _, v in out]
+
+
+def snapshot_messages(
+    rows: Sequence[Mapping[str, Any]], key: Sequence[str], version: int, encoder: Encoder
+) -> list[tuple[str, str]]:
+    """The (key, value) JSON messages of a snapshot at ``version``: each row with op
+    ``snapshot`` and no commit timestamp (Spark's writer leaves the null out)."""
+    columns = [c for c in (rows[0] if rows else {}) if not c.startswith("_")]
+    encoder.prepare(rows)
+    out = [
+        (
+            encoder.struct(key, row),
+            f'{{"op":"snapshot","version":{int(version)},"row":{encoder.struct(columns, row)}}}',
+        )
+        for row in rows
+    ]
+    out.sort(key=lambda m: m[0])
+    return out

@@ -136,6 +136,7 @@ class KafkaChangefeedConsumer(Consumer):
         )
 
     commit_timestamps = True  # each message carries its commit's
+    native_snapshot = True
 
     def why_not_native(self, fields: Sequence[tuple[str, Any]]) -> str | None:
         """Why the source's (name, delta-rs type) columns, or the session's settings,
@@ -178,12 +179,32 @@ class KafkaChangefeedConsumer(Consumer):
         that partitions by key as Java's does; every one confirmed before it returns."""
         if changes.num_rows == 0:
             return 0
-        from confluent_kafka import Producer
-
         options = self.context.options
         kinds = feed_messages.kinds_of_arrow(changes.schema)
         encoder = feed_messages.Encoder(kinds, self._time_zone(), self._numbers)
-        built = feed_messages.messages(changes.to_pylist(), list(options["primary_key"]), encoder)
+        return self._send(
+            feed_messages.messages(changes.to_pylist(), list(options["primary_key"]), encoder)
+        )
+
+    def snapshot_native(self, rows: pa.Table, version: int) -> int:
+        """The snapshot's messages, built and sent as a tail's are."""
+        if rows.num_rows == 0:
+            return 0
+        options = self.context.options
+        encoder = feed_messages.Encoder(
+            feed_messages.kinds_of_arrow(rows.schema), self._time_zone(), self._numbers
+        )
+        return self._send(
+            feed_messages.snapshot_messages(
+                rows.to_pylist(), list(options["primary_key"]), version, encoder
+            )
+        )
+
+    def _send(self, built: list[tuple[str, str]]) -> int:
+        """Send the messages, every one confirmed (or a :class:`DeliveryError`)."""
+        from confluent_kafka import Producer
+
+        options = self.context.options
         producer = Producer(
             {
                 "bootstrap.servers": options["bootstrap_servers"],

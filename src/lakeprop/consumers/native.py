@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from lakeprop.errors import ErrorCode, PermanentError
 from lakeprop.identifiers import validate_identifier
 from lakeprop.storage import Storage
+from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -251,4 +252,46 @@ def merge_changes(
             "num_target_rows_updated",
             "num_target_rows_deleted",
         )
+    )
+
+
+def nullable(table: pa.Table) -> pa.Table:
+    """``table`` with every column nullable and no field metadata, as Spark makes a
+    table it creates from a DataFrame (Delta's ``asNullable``)."""
+    import pyarrow as pa
+
+    schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)
+
+
+def overwrite(
+    location: str,
+    rows: pa.Table,
+    storage: Storage,
+    app_id: str,
+    version: int,
+    change_feed: bool,
+) -> None:
+    """Replace the table at ``location`` (made when missing) with ``rows`` and their
+    schema in one commit that records the job's transaction ``version``; nothing
+    when that write (or a later one) is there already, as Spark's idempotent
+    overwrite skips it. A new table gets its change feed on with ``change_feed``."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake.exceptions import TableNotFoundError
+
+    existing: DeltaTable | None
+    try:
+        existing = open_table(location, storage)
+    except TableNotFoundError:
+        existing = None
+    if existing is not None and applied(existing, app_id, version):
+        return
+    write_deltalake(
+        existing if existing is not None else _uri(location),
+        nullable(rows),
+        mode="overwrite",
+        schema_mode="overwrite",
+        configuration={CHANGE_FEED_PROPERTY: "true"} if change_feed else None,
+        storage_options=storage.options(location) or None,
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
     )

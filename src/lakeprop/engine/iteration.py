@@ -1,6 +1,6 @@
 """One iteration: read a table's changes once and hand them to every consumer.
 
-A small tail goes the native way (:mod:`lakeprop.engine.native`) when the
+A small tail or snapshot goes the native way (:mod:`lakeprop.engine.native`) when the
 settings allow and every member can: delta-rs in the driver, no Spark job.
 Otherwise the change set is read once and held (:mod:`lakeprop.engine.changeset`)
 and fanned out to the members (:mod:`lakeprop.engine.fanout`), each of which
@@ -88,7 +88,7 @@ def run_iteration(
                 where = f"delta-rs could not read the changes: {exc}"
         if not isinstance(where, NativePlan):
             log.debug("iteration %s runs on Spark: %s", plan.iteration_id, where)
-            if where is not None and plan.kind is IterationKind.TAIL:
+            if where is not None:
                 result.path_note = where
             storage = native.storage if native is not None and native.enabled else None
             _on_spark(

@@ -1,4 +1,4 @@
-"""The native path: a small tail iteration run in the driver with delta-rs.
+"""The native path: a small tail or snapshot iteration run in the driver with delta-rs.
 
 With ``engine.small_iterations = "auto"`` a tail goes this way when all of
 these hold (:func:`plan_native`), and on Spark otherwise:
@@ -14,8 +14,15 @@ these hold (:func:`plan_native`), and on Spark otherwise:
 
 A native iteration reads the change set once (delta-rs ``load_cdf``: no Spark
 job) and hands it, as Arrow, to each member's ``apply_changes_native``, which
-checks the target's transaction id and MERGEs with it in the same commit. It
-passes the same fault points as a Spark iteration, so crash recovery is the
+checks the target's transaction id and MERGEs with it in the same commit.
+
+A snapshot goes this way when its consumers can all write one natively
+(``Consumer.native_snapshot``) and the table, by its files' row counts, has at
+most as many rows (:func:`_small_snapshot`; what else keeps one on Spark is in
+:func:`_snapshot_targets`): one delta-rs read of the table at the version,
+handed to each member's ``snapshot_native``.
+
+Both pass the same fault points as a Spark iteration, so crash recovery is the
 same. The history records which path each iteration took (``path``).
 """
 
@@ -31,6 +38,7 @@ from lakeprop.changes import CDF_COLUMNS
 from lakeprop.consumers import native
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.engine import model
+from lakeprop.engine.expect import QUARANTINE
 from lakeprop.engine.fanout import fan_out, member_context, run_member
 from lakeprop.engine.model import (
     CancelToken,
@@ -41,9 +49,10 @@ from lakeprop.engine.model import (
 )
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
+from lakeprop.spec import target_table
 from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
-from lakeprop.tables.resolve import Tables
+from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY, Tables
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,17 +100,24 @@ def why_not(plan: IterationPlan, jobs: Sequence[MemberJob], settings: NativeSett
     """Why a plan cannot run natively, from the plan alone (no I/O); None when it may."""
     if not settings.enabled:
         return f"engine.small_iterations = {settings.mode!r}"
-    if plan.kind is not IterationKind.TAIL or plan.from_version is None:
-        return "not a tail"
-    if plan.to_version - plan.from_version > MAX_VERSIONS:
-        return f"more than {MAX_VERSIONS} versions"
+    snapshot = plan.kind is IterationKind.SNAPSHOT
+    if not snapshot:
+        if plan.kind is not IterationKind.TAIL or plan.from_version is None:
+            return "not a tail"
+        if plan.to_version - plan.from_version > MAX_VERSIONS:
+            return f"more than {MAX_VERSIONS} versions"
     types = {j.spec.iteration.consumer.type for j in jobs}
-    slow = sorted(t for t in types if not get_consumer_type(t).native)
+    slow = sorted(t for t in types if not _native(t, snapshot))
     if slow:
-        return f"consumer type(s) {slow} have no native path"
+        return f"consumer type(s) {slow} have no native {'snapshot' if snapshot else 'path'}"
     if any(expectations.OPTION in j.spec.iteration.consumer.options for j in jobs):
         return "a job has expectations, which run on Spark"
     return None
+
+
+def _native(consumer_type: str, snapshot: bool) -> bool:
+    kind = get_consumer_type(consumer_type)
+    return kind.native_snapshot if snapshot else kind.native
 
 
 def plan_native(
@@ -111,7 +127,7 @@ def plan_native(
     tables: Tables,
     settings: NativeSettings,
 ) -> NativePlan | str:
-    """The native plan of a tail, or why it runs on Spark."""
+    """The native plan of a tail or a snapshot, or why it runs on Spark."""
     reason = why_not(plan, jobs, settings)
     if reason is not None:
         return reason
@@ -127,18 +143,24 @@ def plan_native(
         source = tables.location(plan.table.database, plan.table.table)
     except Exception as exc:  # a metastore table without a location
         return f"source location: {exc}"
-    rows = _estimated_rows(spark, source, plan, settings.max_rows)
-    if isinstance(rows, str):
-        return rows
-    if rows > settings.max_rows:
-        return f"more than {settings.max_rows} change rows (engine.native_max_rows)"
+    snapshot = plan.kind is IterationKind.SNAPSHOT
+    small = _small_range(spark, source, plan, settings.max_rows) if not snapshot else None
+    if small is not None:
+        return small
     try:
         read = native.open_table(source, settings.storage)
-        unread = native.readable(read)
+        if snapshot:
+            read.load_as_version(plan.to_version)
+            small = _small_snapshot(read, settings.max_rows)
+        unread = small or native.readable(read)
         if unread is not None:
-            return f"source uses {unread}"
+            return unread if small else f"source uses {unread}"
         fields = tuple((f.name, f.type) for f in read.schema().fields)
-        targets = _targets(spark, jobs, tables, settings, fields)
+        targets = (
+            _snapshot_targets(spark, jobs, tables, settings, read.schema().fields)
+            if snapshot
+            else _targets(spark, jobs, tables, settings, fields)
+        )
     except Exception as exc:  # unreachable storage, a missing target, no credentials
         return f"delta-rs cannot open the tables: {str(exc).splitlines()[0][:200]}"
     if isinstance(targets, str):
@@ -184,10 +206,149 @@ def _targets(
     return targets
 
 
+def _snapshot_targets(
+    spark: SparkSession,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    settings: NativeSettings,
+    fields: Sequence[Any],
+) -> dict[int, str] | str:
+    """Each member's target location for a native snapshot ("" for a target that is
+    no table), or why Spark writes it: what the consumer says
+    (:meth:`Consumer.why_not_native`); a column named in another case than the
+    source's, of a nested type, or with metadata (a comment, a generation
+    expression, a CHAR length: Spark resolves, writes and carries those); a new
+    metastore table (Spark registers it); what :func:`_overwritable` refuses; or
+    defaults for new tables the session sets."""
+    names = tuple(f.name for f in fields)
+    probe = DeltaLogProbe(spark)
+    targets: dict[int, str] = {}
+    creates = False
+    for job in jobs:
+        context = _context(spark, job, tables, settings, None, 0, names)
+        consumer: Consumer = get_consumer_type(job.spec.iteration.consumer.type).factory(context)
+        refused = consumer.why_not_native(tuple((f.name, f.type) for f in fields))
+        if refused is not None:
+            return refused
+        if not consumer.table_target:  # a topic: no table to write or check
+            targets[job.member.job_id] = ""
+            continue
+        odd = _unwritable_columns(consumer.written_columns(), fields)
+        if odd is not None:
+            return odd
+        target = consumer.target
+        if target.path is None and not target.exists():
+            return f"target {target} is new: Spark creates it in the metastore"
+        location = target.location()
+        refused = _unsafe_for_delta_rs(location, settings) or _overwritable(
+            consumer, location, probe, settings
+        )
+        if refused is not None:
+            return refused
+        creates = creates or probe.latest_version(location) is None
+        targets[job.member.job_id] = location
+    if creates:
+        defaults = table_defaults(spark)
+        if defaults:
+            return f"the session sets {defaults} for new tables"
+    return targets
+
+
+def _unwritable_columns(written: Sequence[str], fields: Sequence[Any]) -> str | None:
+    """Why Spark writes these columns of the source's (delta-rs) fields: one named in
+    another case, of a nested type, or with metadata; None when delta-rs may."""
+    names = {f.name for f in fields}
+    other = [c for c in written if c not in names]
+    if other:
+        return f"column(s) {other} are named otherwise in the source"
+    deep = [c for c in written if c in {f.name for f in fields if not _flat(f.type)}]
+    if deep:
+        return f"column(s) {deep} are of a nested type"
+    noted = [c for c in written if c in {f.name for f in fields if f.metadata}]
+    if noted:
+        return f"column(s) {noted} carry metadata (a comment, say)"
+    return None
+
+
+def _overwritable(
+    consumer: Consumer, location: str, probe: DeltaLogProbe, settings: NativeSettings
+) -> str | None:
+    """Why delta-rs must not overwrite the target at ``location`` as Spark would
+    (a feature it does not write, partitions, the change feed off, a quarantine
+    table a Spark snapshot empties); None when it may, or when there is none yet."""
+    target = consumer.target
+    if probe.latest_version(location) is not None:
+        table = native.open_table(location, settings.storage)
+        blocked = native.writable(table)
+        if blocked is not None:
+            return f"target {target} uses {blocked}, which delta-rs does not write"
+        metadata = table.metadata()
+        if metadata.partition_columns:
+            return f"target {target} is partitioned"
+        if consumer.change_feed and metadata.configuration.get(CHANGE_FEED_PROPERTY) != "true":
+            return f"target {target} has its change feed off"
+    database, name = target_table(consumer.context.key, consumer.context.options)
+    quarantine = consumer.context.locate(database, f"{name}{QUARANTINE}")
+    there = (
+        quarantine.exists()
+        if quarantine.path is None
+        else probe.latest_version(quarantine.path) is not None
+    )
+    return f"a snapshot empties {quarantine}" if there else None
+
+
+def _flat(kind: Any) -> bool:
+    """Whether a delta-rs type is a primitive, or an array of primitives."""
+    from deltalake.schema import ArrayType, PrimitiveType
+
+    if isinstance(kind, ArrayType):
+        return isinstance(kind.element_type, PrimitiveType)
+    return isinstance(kind, PrimitiveType)
+
+
+TABLE_DEFAULTS = "spark.databricks.delta.properties.defaults."
+"""Delta's session confs that set the properties of every table Spark creates."""
+
+
+def table_defaults(spark: SparkSession) -> list[str]:
+    """The session's defaults for new tables' properties (a command: no Spark job)."""
+    return sorted(
+        r["key"] for r in spark.sql("SET").collect() if r["key"].startswith(TABLE_DEFAULTS)
+    )
+
+
+def _small_snapshot(table: DeltaTable, bound: int) -> str | None:
+    """Why the table (loaded at the snapshot's version) is no small snapshot: more
+    than ``bound`` rows by its files' counts, a file without one, or a deletion
+    vector (Spark applies those); None when it is one."""
+    import pyarrow as pa
+
+    files = pa.table(table.get_add_actions(flatten=True))
+    counts = files.column("num_records").to_pylist() if files.num_rows else []
+    if any(c is None for c in counts):
+        return "a file of the source does not count its rows"
+    if sum(counts) > bound:
+        return f"more than {bound} rows (engine.native_max_rows)"
+    reader, _ = native.features(table)
+    if "deletionVectors" in reader and pa.table(table.deletion_vectors()).num_rows:
+        return "the source has deletion vectors"
+    return None
+
+
 def _unsafe_for_delta_rs(location: str, settings: NativeSettings) -> str | None:
     """Why delta-rs must not commit to ``location`` beside Spark; None when it may."""
     safety = settings.storage.safety(location)
     return None if safety.across_engines else f"the native path is off: {safety.why}"
+
+
+def _small_range(spark: SparkSession, location: str, plan: IterationPlan, bound: int) -> str | None:
+    """Why a tail's range is no small change set (:func:`_estimated_rows`); None when it is."""
+    rows = _estimated_rows(spark, location, plan, bound)
+    if isinstance(rows, str):
+        return rows
+    if rows > bound:
+        return f"more than {bound} change rows (engine.native_max_rows)"
+    return None
 
 
 def _estimated_rows(
@@ -231,13 +392,17 @@ def run_native(
     where: NativePlan,
     result: IterationResult,
 ) -> None:
-    """Read the range once with delta-rs and hand it to every member, in turn.
+    """Read the range (or a snapshot's table) once with delta-rs and hand it to every
+    member, in turn.
 
     :class:`NativeReadFailed` leaves ``result`` as it was: nothing was read, nothing
     written, and the caller runs the iteration on Spark instead."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if plan.kind is IterationKind.SNAPSHOT:
+        _snapshot(spark, plan, jobs, tables, token, settings, where, result)
+        return
     assert plan.from_version is not None
     try:
         source = native.open_table(where.source, settings.storage)
@@ -270,6 +435,47 @@ def run_native(
         return run_member(job, context, token, call, f"native iteration {plan.iteration_id}")
 
     fan_out(spark, jobs, consume, result, 1, {})
+    fault_point("iteration.after_writes")
+
+
+def _snapshot(
+    spark: SparkSession,
+    plan: IterationPlan,
+    jobs: Sequence[MemberJob],
+    tables: Tables,
+    token: CancelToken,
+    settings: NativeSettings,
+    where: NativePlan,
+    result: IterationResult,
+) -> None:
+    """A snapshot's table as of ``plan.to_version``, read once and handed to every
+    member's ``snapshot_native``, through the fault points of a Spark snapshot."""
+
+    try:
+        source = native.open_table(where.source, settings.storage)
+        source.load_as_version(plan.to_version)
+        rows: pa.Table = in_schema_order(source, native.plain(source.to_pyarrow_table()))
+    except Exception as exc:
+        raise NativeReadFailed(str(exc).splitlines()[0][:300] if str(exc) else repr(exc)) from exc
+    result.path = "native"
+    result.source_scans = 1
+    result.rows_read = token.cached_rows = rows.num_rows
+    result.bytes_cached = token.cached_bytes = int(rows.nbytes)
+    fault_point("iteration.before_write")
+
+    def consume(session: SparkSession, job: MemberJob) -> model.MemberResult:
+        context = _context(
+            session, job, tables, settings, token, rows.num_rows, tuple(rows.column_names)
+        )
+
+        def call(consumer: Consumer) -> int:
+            return consumer.snapshot_native(rows, plan.to_version)
+
+        return run_member(job, context, token, call, f"native iteration {plan.iteration_id}")
+
+    fan_out(
+        spark, jobs, consume, result, 1, {}, after_first=lambda: fault_point("iteration.snapshot")
+    )
     fault_point("iteration.after_writes")
 
 

@@ -59,11 +59,12 @@ class TableHandle:
 
     def exists(self) -> bool:
         if self.path is not None:
-            # Delta once said "no" for a table whose log held a commit (a chaos round,
-            # cause not established); a "no" is checked against the log's files, so
-            # that a table with commits is never taken for missing.
-            return bool(DeltaTable.isDeltaTable(self.spark, self.path)) or (
-                DeltaLogProbe(self.spark).latest_version(self.path) is not None
+            # The log's files first: no Spark job, where Delta's check of a table
+            # another engine wrote loads its snapshot with one. Delta once said "no"
+            # for a table whose log held a commit (a chaos round, cause not
+            # established), so a table with commits is never taken for missing.
+            return DeltaLogProbe(self.spark).latest_version(self.path) is not None or bool(
+                DeltaTable.isDeltaTable(self.spark, self.path)
             )
         return bool(self.spark.catalog.tableExists(str(self.name)))
 
