@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from lakeprop.changes import latest_change_per_key_arrow
+from lakeprop.changes import latest_change_per_key_arrow, own_columns
 from lakeprop.consumers import native
 from lakeprop.engine.model import IterationKind, IterationPlan, Member, MemberJob, TableRef
 from lakeprop.engine.native import NativeSettings, why_not
@@ -180,3 +180,20 @@ def test_a_job_whose_consumers_cannot_all_snapshot_natively_stays_on_spark() -> 
     assert why_not(*plan("replica"), NativeSettings(mode="spark")) == (
         "engine.small_iterations = 'spark'"
     )
+
+
+def test_every_column_and_array_element_becomes_nullable() -> None:
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int32(), nullable=False),
+            pa.field("xs", pa.list_(pa.field("x", pa.float32(), nullable=False))),
+        ]
+    )
+    loose = native.nullable(pa.table({"id": [1], "xs": [[1.0]]}, schema=schema)).schema
+    assert loose.field("id").nullable and loose.field("xs").nullable
+    assert loose.field("xs").type.value_field.nullable
+
+
+def test_a_snapshot_hands_on_the_columns_a_spark_snapshot_does() -> None:
+    """A column named like the change feed's own is left out on both paths."""
+    assert own_columns(["id", "_commit_sha", "_change_type", "_x", "v"]) == ("id", "_x", "v")

@@ -256,11 +256,16 @@ def merge_changes(
 
 
 def nullable(table: pa.Table) -> pa.Table:
-    """``table`` with every column nullable and no field metadata, as Spark makes a
-    table it creates from a DataFrame (Delta's ``asNullable``)."""
+    """``table`` with every column (and array element) nullable and no field metadata,
+    as Spark makes a table it creates from a DataFrame (Delta's ``asNullable``)."""
     import pyarrow as pa
 
-    schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in table.schema])
+    def loose(data_type: pa.DataType) -> pa.DataType:  # an array's elements too
+        if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+            return pa.list_(pa.field("element", loose(data_type.value_type), nullable=True))
+        return data_type
+
+    schema = pa.schema([pa.field(f.name, loose(f.type), nullable=True) for f in table.schema])
     return table if schema == table.schema else table.cast(schema)
 
 

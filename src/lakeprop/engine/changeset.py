@@ -31,6 +31,7 @@ from lakeprop.changes import (
     bounded_columns,
     bounds_after,
     latest_change_per_key,
+    own_columns,
     widens,
 )
 from lakeprop.engine.fanout import session_confs
@@ -95,9 +96,7 @@ class ChangeSet:
     @property
     def source_columns(self) -> tuple[str, ...]:
         """The source's columns, the change feed's own aside."""
-        return tuple(
-            c for c in self.data.columns if not c.startswith("_commit") and c != "_change_type"
-        )
+        return own_columns(self.data.columns)
 
     def release(self, spark: SparkSession) -> int:
         """Free what is held; the bytes the last-change sets took in the block store."""

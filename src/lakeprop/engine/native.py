@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakeprop import expectations
-from lakeprop.changes import CDF_COLUMNS
+from lakeprop.changes import CDF_COLUMNS, own_columns
 from lakeprop.consumers import native
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.engine import model
@@ -218,16 +218,19 @@ def _snapshot_targets(
     (:meth:`Consumer.why_not_native`); a column named in another case than the
     source's, of a nested type, or with metadata (a comment, a generation
     expression, a CHAR length: Spark resolves, writes and carries those); a new
-    metastore table (Spark registers it); what :func:`_overwritable` refuses; or
-    defaults for new tables the session sets."""
-    names = tuple(f.name for f in fields)
+    metastore table (Spark's ``saveAsTable`` replaces it); a quarantine table
+    (:func:`_quarantined`); what :func:`_overwritable` refuses; or defaults for new
+    tables the session sets."""
+    names = own_columns(f.name for f in fields)
     probe = DeltaLogProbe(spark)
     targets: dict[int, str] = {}
     creates = False
     for job in jobs:
         context = _context(spark, job, tables, settings, None, 0, names)
         consumer: Consumer = get_consumer_type(job.spec.iteration.consumer.type).factory(context)
-        refused = consumer.why_not_native(tuple((f.name, f.type) for f in fields))
+        refused = consumer.why_not_native(tuple((f.name, f.type) for f in fields)) or (
+            _quarantined(consumer, probe)
+        )
         if refused is not None:
             return refused
         if not consumer.table_target:  # a topic: no table to write or check
@@ -237,8 +240,8 @@ def _snapshot_targets(
         if odd is not None:
             return odd
         target = consumer.target
-        if target.path is None and not target.exists():
-            return f"target {target} is new: Spark creates it in the metastore"
+        if target.path is None:  # saveAsTable replaces it in the metastore
+            return f"target {target} is a metastore table, which Spark overwrites"
         location = target.location()
         refused = _unsafe_for_delta_rs(location, settings) or _overwritable(
             consumer, location, probe, settings
@@ -274,8 +277,8 @@ def _overwritable(
     consumer: Consumer, location: str, probe: DeltaLogProbe, settings: NativeSettings
 ) -> str | None:
     """Why delta-rs must not overwrite the target at ``location`` as Spark would
-    (a feature it does not write, partitions, the change feed off, a quarantine
-    table a Spark snapshot empties); None when it may, or when there is none yet."""
+    (a feature it does not write, partitions, the change feed off); None when it
+    may, or when there is none yet."""
     target = consumer.target
     if probe.latest_version(location) is not None:
         table = native.open_table(location, settings.storage)
@@ -287,6 +290,12 @@ def _overwritable(
             return f"target {target} is partitioned"
         if consumer.change_feed and metadata.configuration.get(CHANGE_FEED_PROPERTY) != "true":
             return f"target {target} has its change feed off"
+    return None
+
+
+def _quarantined(consumer: Consumer, probe: DeltaLogProbe) -> str | None:
+    """Why Spark writes the snapshot: the job's quarantine table is there (left by an
+    earlier configuration), which a snapshot empties; None when there is none."""
     database, name = target_table(consumer.context.key, consumer.context.options)
     quarantine = consumer.context.locate(database, f"{name}{QUARANTINE}")
     there = (
@@ -319,8 +328,9 @@ def table_defaults(spark: SparkSession) -> list[str]:
 
 def _small_snapshot(table: DeltaTable, bound: int) -> str | None:
     """Why the table (loaded at the snapshot's version) is no small snapshot: more
-    than ``bound`` rows by its files' counts, a file without one, or a deletion
-    vector (Spark applies those); None when it is one."""
+    than ``bound`` rows by its files' counts, a file without one, deletion vectors
+    enabled, or a timestamp partition column (Spark reads a value without a zone in
+    the session's); None when it is one."""
     import pyarrow as pa
 
     files = pa.table(table.get_add_actions(flatten=True))
@@ -330,8 +340,16 @@ def _small_snapshot(table: DeltaTable, bound: int) -> str | None:
     if sum(counts) > bound:
         return f"more than {bound} rows (engine.native_max_rows)"
     reader, _ = native.features(table)
-    if "deletionVectors" in reader and pa.table(table.deletion_vectors()).num_rows:
-        return "the source has deletion vectors"
+    if "deletionVectors" in reader:  # delta-rs reads no snapshot of such a table
+        return "the source has deletion vectors enabled"
+    kinds = {f.name: f.type for f in table.schema().fields}
+    stamped = [
+        c
+        for c in table.metadata().partition_columns
+        if getattr(kinds.get(c), "type", "") in ("timestamp", "timestamp_ntz")
+    ]
+    if stamped:  # a partition value without a zone: delta-rs reads it as UTC
+        return f"the source is partitioned by timestamp column(s) {stamped}"
     return None
 
 
@@ -465,7 +483,7 @@ def _snapshot(
 
     def consume(session: SparkSession, job: MemberJob) -> model.MemberResult:
         context = _context(
-            session, job, tables, settings, token, rows.num_rows, tuple(rows.column_names)
+            session, job, tables, settings, token, rows.num_rows, own_columns(rows.column_names)
         )
 
         def call(consumer: Consumer) -> int:
