@@ -92,6 +92,10 @@ class NativeReadFailed(Exception):
     """delta-rs could not read the change set (files vacuumed, say): nothing was
     written, and the iteration runs on Spark, which decides what the failure means."""
 
+    @classmethod
+    def of(cls, exc: Exception) -> NativeReadFailed:
+        return cls(str(exc).splitlines()[0][:300] if str(exc) else repr(exc))
+
 
 _UNAVAILABLE_LOGGED: list[bool] = []
 
@@ -431,11 +435,8 @@ def run_native(
         if any(_reads_commit_timestamps(j) for j in jobs):
             changes = with_change_feed_times(spark, where.source, plan, changes)
     except Exception as exc:
-        raise NativeReadFailed(str(exc).splitlines()[0][:300] if str(exc) else repr(exc)) from exc
-    result.path = "native"
-    result.source_scans = 1
-    result.rows_read = token.cached_rows = changes.num_rows
-    result.bytes_cached = token.cached_bytes = int(changes.nbytes)
+        raise NativeReadFailed.of(exc) from exc
+    _read_once(result, token, changes)
     columns = tuple(c for c in changes.column_names if c not in CDF_COLUMNS)
     fault_point("iteration.before_write")
 
@@ -474,11 +475,8 @@ def _snapshot(
         source.load_as_version(plan.to_version)
         rows: pa.Table = in_schema_order(source, native.plain(source.to_pyarrow_table()))
     except Exception as exc:
-        raise NativeReadFailed(str(exc).splitlines()[0][:300] if str(exc) else repr(exc)) from exc
-    result.path = "native"
-    result.source_scans = 1
-    result.rows_read = token.cached_rows = rows.num_rows
-    result.bytes_cached = token.cached_bytes = int(rows.nbytes)
+        raise NativeReadFailed.of(exc) from exc
+    _read_once(result, token, rows)
     fault_point("iteration.before_write")
 
     def consume(session: SparkSession, job: MemberJob) -> model.MemberResult:
@@ -495,6 +493,14 @@ def _snapshot(
         spark, jobs, consume, result, 1, {}, after_first=lambda: fault_point("iteration.snapshot")
     )
     fault_point("iteration.after_writes")
+
+
+def _read_once(result: IterationResult, token: CancelToken, data: pa.Table) -> None:
+    """Record a native read: one scan of the source, its rows and bytes held."""
+    result.path = "native"
+    result.source_scans = 1
+    result.rows_read = token.cached_rows = data.num_rows
+    result.bytes_cached = token.cached_bytes = int(data.nbytes)
 
 
 def in_schema_order(source: DeltaTable, changes: pa.Table) -> pa.Table:
