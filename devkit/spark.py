@@ -47,19 +47,35 @@ TEST_CONF = {
 }
 
 
-TEST_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
+TEST_JAVA_OPTIONS = (
+    "-XX:TieredStopAtLevel=1",
+    "-XX:ReservedCodeCacheSize=240m",
+    "-XX:+UseParallelGC",
+)
 """The JVMs a test starts (the broker, the S3 API server, each service process)
-compile with the quick compiler only. A test run starts dozens of them on two
+compile with the quick compiler only, and collect with the throughput collector
+(see :data:`SESSION_JAVA_OPTIONS`). A test run starts dozens of them on two
 cores, most for a minute or two: the optimising compiler's threads of four JVMs
 at once took more CPU than the work (the three-instance scale-out test: 271 s and
 510 CPU s with it, 173 s and 289 CPU s without). The code cache holds what the
 quick compiler makes of Spark."""
 
-SESSION_JAVA_OPTIONS = os.environ.get("LAKEPROP_SESSION_JAVA_OPTIONS", "-XX:TieredStopAtLevel=4")
+SESSION_JAVA_OPTIONS = os.environ.get(
+    "LAKEPROP_SESSION_JAVA_OPTIONS", "-XX:TieredStopAtLevel=4 -XX:+UseParallelGC"
+)
 """The tests' own session, which lives for the whole run and does most of its
 work, compiles fully (its command line overrides :data:`TEST_JAVA_OPTIONS`,
 which reach it through the environment): on the quick compiler alone a worker's
-session ran the operation fuzzer past its timeout."""
+session ran the operation fuzzer past its timeout. It collects with the
+throughput collector: on two cores G1's concurrent marking and refinement threads
+cost more than the pauses they save (the engine module: 9 % less CPU)."""
+
+ADAPTIVE_OFF = {"spark.sql.adaptive.enabled": "false"}
+"""The default job's session plans each query once, without adaptive execution:
+its thousands of queries over a few rows each gain nothing from re-planning at
+every shuffle, and paid for it (the engine module: 8 % less CPU without). The
+floor job's session, every service process a test starts and the benchmarks keep
+Spark's default, so adaptive plans stay tested on both stacks."""
 
 
 def hive_conf(directory: Path) -> dict[str, str]:
@@ -76,9 +92,13 @@ def hive_conf(directory: Path) -> dict[str, str]:
     }
 
 
-def local_session(app_name: str = "lakeprop-tests", metastore: Path | None = None) -> SparkSession:
-    """Local Spark with Delta and the Kafka connector from the stack's jars, and with
-    ``metastore`` a Hive metastore there."""
+def local_session(
+    app_name: str = "lakeprop-tests",
+    metastore: Path | None = None,
+    more: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Local Spark with Delta and the Kafka connector from the stack's jars, with
+    ``metastore`` a Hive metastore there, and ``more`` settings."""
     return build_session(
         SparkConfig(
             app_name=app_name,
@@ -88,6 +108,7 @@ def local_session(app_name: str = "lakeprop-tests", metastore: Path | None = Non
                 **TEST_CONF,
                 "spark.driver.extraJavaOptions": SESSION_JAVA_OPTIONS,
                 **(hive_conf(metastore) if metastore else {}),
+                **(more or {}),
             },
         )
     )

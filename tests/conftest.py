@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from devkit.s3 import S3_AS_S3A_WITHOUT_LOG_STORE, LocalS3, with_hadoop_conf
-from devkit.spark import TEST_JAVA_OPTIONS, local_session
+from devkit.spark import ADAPTIVE_OFF, STACK, TEST_JAVA_OPTIONS, local_session
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig, StateConfig, TablesConfig
 from lakeprop.dev.localkafka import LocalKafka
 
@@ -71,8 +71,12 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """The one SparkSession of a test run, with an embedded Hive metastore for the
-    tests of metastore tables (path-based tests never touch it)."""
-    session = local_session(metastore=tmp_path_factory.mktemp("metastore"))
+    tests of metastore tables (path-based tests never touch it); on the default
+    stack without adaptive execution (:data:`devkit.spark.ADAPTIVE_OFF`)."""
+    session = local_session(
+        metastore=tmp_path_factory.mktemp("metastore"),
+        more=ADAPTIVE_OFF if STACK.name == "default" else None,
+    )
     try:
         yield session
     finally:
@@ -118,4 +122,8 @@ def app_config(tmp_path: Path, kafka: LocalKafka) -> AppConfig:
         tables=TablesConfig(resolution="path", warehouse=str(tmp_path / "warehouse")),
         engine=EngineConfig(workers=2, iteration_timeout=120.0, retry_base=0.5, retry_max=4.0),
         tick_interval=1.0,
+        # a notified commit or a finished iteration starts its micro-batch within a
+        # quarter second, not a second: a test waits less on every hop, and an
+        # offset request with nothing new costs next to nothing
+        poll_interval=0.25,
     )
