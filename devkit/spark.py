@@ -47,18 +47,15 @@ TEST_CONF = {
 }
 
 
-TEST_JAVA_OPTIONS = (
-    "-XX:TieredStopAtLevel=1",
-    "-XX:ReservedCodeCacheSize=240m",
-    "-XX:+UseParallelGC",
-)
+TEST_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
 """The JVMs a test starts (the broker, the S3 API server, each service process)
-compile with the quick compiler only, and collect with the throughput collector
-(see :data:`SESSION_JAVA_OPTIONS`). A test run starts dozens of them on two
+compile with the quick compiler only. A test run starts dozens of them on two
 cores, most for a minute or two: the optimising compiler's threads of four JVMs
 at once took more CPU than the work (the three-instance scale-out test: 271 s and
 510 CPU s with it, 173 s and 289 CPU s without). The code cache holds what the
-quick compiler makes of Spark."""
+quick compiler makes of Spark. They name no collector: every JVM a test starts
+gets these options through the environment, and one that names its own (the
+standalone cluster's daemons) refuses to start with two."""
 
 SESSION_JAVA_OPTIONS = os.environ.get(
     "LAKEPROP_SESSION_JAVA_OPTIONS", "-XX:TieredStopAtLevel=4 -XX:+UseParallelGC"
