@@ -155,9 +155,11 @@ class UsageTable:
         self.clock = clock
         self._refreshed_at = clock()
         self._history_seen: int | None = None
+        self._created = False
+        """This process created the table (empty) and has not written it yet."""
 
     def ensure(self) -> None:
-        state.ensure_table(self.spark, self.path, USAGE_SCHEMA)
+        self._created = state.ensure_table(self.spark, self.path, USAGE_SCHEMA)
 
     def recorded(self, ended: Iterable[datetime]) -> None:
         """History rows ending at these moments were appended: their hours are due."""
@@ -211,6 +213,14 @@ class UsageTable:
         return len(rows)
 
     def _replace(self, rows: Sequence[UsageRow]) -> None:
+        """Replace the rows of their hours: a MERGE, or an append to the table this
+        process created, while no one has written it (version 0: empty) and no other
+        instance writes it (the rows are unique by account, job and hour)."""
+        fresh = self._created and not self.shared and state.untouched(self.spark, self.path)
+        self._created = False  # whatever comes of the append, later writes MERGE
+        if fresh:
+            state.append(self.spark, self.path, USAGE_SCHEMA, [r.as_tuple() for r in rows])
+            return
         state.upsert(
             self.spark,
             self.path,
