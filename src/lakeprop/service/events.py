@@ -105,6 +105,9 @@ class EventLog:
         ):
             return False
         self._swept_at = now
+        created = self.table.created_at
+        if created is not None and now - created < self.retention:
+            return False  # a table this process created holds no event that old yet
         try:
             self.table.delete_before(datetime.fromtimestamp(now - self.retention))
         except Exception as exc:
