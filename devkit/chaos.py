@@ -82,7 +82,8 @@ from lakeprop import faults
 from lakeprop.bulk.model import BulkState, TaskState
 from lakeprop.changelog import LogRecord
 from lakeprop.client.api import LakepropClient, Receipt, TableWatch
-from lakeprop.client.scans import SparkScan
+from lakeprop.client.reads import StateReader
+from lakeprop.client.scans import LakeScan, Query, SparkScan
 from lakeprop.config import AppConfig, ClusterConfig, KafkaConfig, StateConfig, load_config
 from lakeprop.consumers.fulltext_index import Tokenizer
 from lakeprop.consumers.vector_index import live_postings
@@ -93,6 +94,7 @@ from lakeprop.state.apply import job_id_for
 from lakeprop.state.history import consumer_digest
 from lakeprop.state.usage import UsageRow, usage_of
 from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.stores import session_storage
 
 log = logging.getLogger("chaos")
 
@@ -333,6 +335,11 @@ class Chaos:
         self.state = StateConfig(f"{root}/state", f"{root}/checkpoint")
         self.warehouse = f"{root}/warehouse"
         self.client = LakepropClient(self.kafka, self.state, spark)
+        storage = session_storage(spark, AppConfig(kafka=self.kafka, state=self.state))
+        self.reader = StateReader(self.state, scan=LakeScan(storage))
+        """The state as the CLI reads it, with delta-rs: the polls while a service
+        runs (has it recovered, progressed, caught up) then take no Spark job from
+        the cores it needs. The checks at the end read with Spark."""
         self.probe = DeltaLogProbe(spark)
         self.cluster = ClusterConfig(
             enabled=bool(settings.instances),
@@ -886,7 +893,12 @@ gc_retention = "4s"
         return slots_moved(before, self.claims_so_far())
 
     def iterations_recorded(self) -> int:
-        return int(self._state(state.HISTORY_TABLE).count())
+        return self._count(state.HISTORY_TABLE, "kind")
+
+    def _count(self, name: str, column: str) -> int:
+        """Rows of a state table, by one of its columns, read with delta-rs (see
+        :attr:`reader`)."""
+        return len(self.reader.scan.rows(self.state.table_path(name), Query((column,))))
 
     def progressed(self, since: int) -> bool:
         """Whether the history records more iterations than ``since`` within
@@ -1072,7 +1084,7 @@ gc_retention = "4s"
         deadline = started + self.settings.recover_timeout
         requests = TableWatch(SparkScan(self.spark), self.state.table_path(state.REQUESTS_TABLE))
         while time.monotonic() < deadline and service.alive:
-            if requests.changed() and self.client.request_outcome(receipt.request_id) is not None:
+            if requests.changed() and self.reader.request_outcome(receipt.request_id) is not None:
                 self.report.recoveries[point] = time.monotonic() - started
                 return
             self.paced_step()
@@ -1124,11 +1136,12 @@ gc_retention = "4s"
 
     def caught_up(self) -> bool:
         try:
-            requests = self._state(state.REQUESTS_TABLE).count()
-            jobs = self.client.list_jobs()  # watermarks from the catalog and the history
+            requests = self._count(state.REQUESTS_TABLE, "request_id")
+            jobs = self.reader.list_jobs()  # watermarks from the catalog and the history
+            bulk_path = self.state.table_path(state.BULK_OPERATIONS_TABLE)
             bulks = [
                 BulkState(r["state"]).terminal
-                for r in (self._state(state.BULK_OPERATIONS_TABLE).collect() if self.bulks else [])
+                for r in (self.reader.scan.rows(bulk_path, Query(("state",))) if self.bulks else [])
             ]
         except Exception:
             return False
