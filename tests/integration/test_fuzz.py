@@ -45,7 +45,9 @@ def test_random_operations_leave_every_step_of_random_chains_equal_to_its_model(
     spark: SparkSession, kafka: LocalKafka, tmp_path: Path
 ) -> None:
     fuzzer = Fuzzer(spark, tmp_path, kafka.bootstrap_servers, workload="pipelines")
-    chains = [steps for _, steps in fuzzer.generate(PIPELINE_SEED, OPERATIONS).chains]
+    case = fuzzer.generate(PIPELINE_SEED, OPERATIONS)  # drawn once: drawing applies it
+    chains = [steps for _, steps in case.chains]
     # the seed's chains: a three-step one, and rules on more than one step
     assert max(map(len, chains)) == 3 and sum(bool(s.rule) for c in chains for s in c) >= 2
-    assert run(fuzzer, [PIPELINE_SEED], OPERATIONS) == []
+    problem = fuzzer.check(case)  # what run() does with each seed's case
+    assert problem is None, f"{case.describe()}\n  fails: {problem}"
