@@ -70,70 +70,31 @@ def outcomes(spark: SparkSession, config: AppConfig) -> dict[str, str]:
     }
 
 
-def test_register_creates_a_completed_job_with_the_seed_columns(
+def test_register_update_unregister_and_the_reads_of_one_change_log(
     spark: SparkSession, app_config: AppConfig, client: LakepropClient
 ) -> None:
-    table_id = make_source(spark, app_config, "sales", "orders")
-    spec = replica_spec(kind="periodic", interval="30s", share=True)
-    receipt = client.register_job(KEY, spec)
+    """One run over a change log whose parts each have jobs of their own. It proves:
 
-    run_once(spark, app_config)
+    * a register creates a completed job with the seed columns;
+    * update_spec fills the update's empty fields from the current spec;
+    * unregister sets drop_at, and a re-register of the key gets a new job id;
+    * unregister or update_spec of an unknown job is not_found and makes no row;
+    * get_job_status and list_jobs (by state, by account, with dropped jobs) read
+      the catalog by key.
 
-    expected = rows_df(spark, [expected_row(KEY, spec, receipt, table_id)])
-    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
-    assert outcomes(spark, app_config) == {receipt.request_id: "applied"}
-
-
-def test_second_register_of_a_live_job_is_reported_not_duplicated(
-    spark: SparkSession, app_config: AppConfig, client: LakepropClient
-) -> None:
+    The catalog is checked whole against every part's rows, and so is each request's
+    outcome."""
     table_id = make_source(spark, app_config, "sales", "orders")
     spec = replica_spec()
-    first = client.register_job(KEY, spec)
-    run_once(spark, app_config)
-    second = client.register_job(KEY, replica_spec(kind="greedy"))
-    run_once(spark, app_config)
 
-    expected = rows_df(spark, [expected_row(KEY, spec, first, table_id)])
-    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
-    assert outcomes(spark, app_config) == {
-        first.request_id: "applied",
-        second.request_id: "already_exists",
-    }
-    assert client.wait_for_outcome(second)["detail"].startswith(f"job {KEY} already exists")
+    # registering creates a completed job with the seed columns
+    created = JobKey(7, "sales", "orders", "created")
+    created_spec = replica_spec(kind="periodic", interval="30s", share=True)
+    create = client.register_job(created, created_spec)
 
-
-def test_unregister_sets_drop_time_and_a_re_register_gets_a_new_job_id(
-    spark: SparkSession, app_config: AppConfig, client: LakepropClient
-) -> None:
-    table_id = make_source(spark, app_config, "sales", "orders")
-    spec = replica_spec()
-    register = client.register_job(KEY, spec)
-    unregister = client.unregister_job(KEY)
-    again = client.register_job(KEY, spec)
-    run_once(spark, app_config)
-
-    expected = rows_df(
-        spark,
-        [
-            expected_row(
-                KEY, spec, register, table_id, last=unregister, drop_at=unregister.timestamp
-            ),
-            expected_row(KEY, spec, again, table_id),
-        ],
-    )
-    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
-    job_ids = [r["job_id"] for r in catalog_df(spark, app_config).collect()]
-    assert len(set(job_ids)) == 2
-    status = client.get_job_status(KEY)
-    assert status is not None and status.drop_at is None and status.create_at == again.timestamp
-
-
-def test_update_spec_fills_empty_fields_from_the_current_spec(
-    spark: SparkSession, app_config: AppConfig, client: LakepropClient
-) -> None:
-    table_id = make_source(spark, app_config, "sales", "orders")
-    spec = JobSpec.from_json(
+    # update_spec fills the empty fields from the current spec
+    updated = JobKey(7, "sales", "orders", "updated")
+    update_from = JobSpec.from_json(
         {
             "trigger": {"kind": "periodic", "interval": "1m", "share": True},
             "iteration": {
@@ -145,10 +106,27 @@ def test_update_spec_fills_empty_fields_from_the_current_spec(
             },
         }
     )
-    register = client.register_job(KEY, spec)
+    update_register = client.register_job(updated, update_from)
     update = client.update_job_spec(
-        KEY, {"iteration": {"priority": 9, "consumer": {"options": {"target_table": "copy"}}}}
+        updated, {"iteration": {"priority": 9, "consumer": {"options": {"target_table": "copy"}}}}
     )
+
+    # unregister sets drop_at; a re-register gets a new job id
+    reregistered = JobKey(7, "sales", "orders", "reregistered")
+    register = client.register_job(reregistered, spec)
+    unregister = client.unregister_job(reregistered)
+    again = client.register_job(reregistered, spec)
+
+    # unregister or update of an unknown job is not found
+    unknown = JobKey(7, "sales", "orders", "unknown")
+    unknown_unregister = client.unregister_job(unknown)
+    unknown_update = client.update_job_spec(unknown, {"iteration": {"priority": 3}})
+
+    # status and list by state
+    listed = [JobKey(1, "sales", "orders", f"job_{i}") for i in range(3)]
+    listed_registers = [client.register_job(key, spec) for key in listed]
+    listed_unregister = client.unregister_job(listed[2])
+
     run_once(spark, app_config)
 
     merged = JobSpec.from_json(
@@ -167,51 +145,95 @@ def test_update_spec_fills_empty_fields_from_the_current_spec(
             },
         }
     )
-    expected = rows_df(spark, [expected_row(KEY, merged, register, table_id, last=update)])
-    assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
-    info = client.get_job_status(KEY)
-    assert info is not None and info.spec == merged.to_json()
-
-
-def test_unregister_or_update_of_an_unknown_job_is_not_found(
-    spark: SparkSession, app_config: AppConfig, client: LakepropClient
-) -> None:
-    unregister = client.unregister_job(KEY)
-    update = client.update_job_spec(KEY, {"iteration": {"priority": 3}})
-    run_once(spark, app_config)
-
-    assert catalog_df(spark, app_config).count() == 0
+    expected = rows_df(
+        spark,
+        [
+            expected_row(created, created_spec, create, table_id),
+            expected_row(updated, merged, update_register, table_id, last=update),
+            expected_row(
+                reregistered,
+                spec,
+                register,
+                table_id,
+                last=unregister,
+                drop_at=unregister.timestamp,
+            ),
+            expected_row(reregistered, spec, again, table_id),
+            expected_row(listed[0], spec, listed_registers[0], table_id),
+            expected_row(listed[1], spec, listed_registers[1], table_id),
+            expected_row(
+                listed[2],
+                spec,
+                listed_registers[2],
+                table_id,
+                last=listed_unregister,
+                drop_at=listed_unregister.timestamp,
+            ),
+        ],
+    )
+    # the whole catalog: every part's rows, and none for the unknown job
+    catalog = catalog_df(spark, app_config)
+    assert_df_equality(catalog, expected, ignore_row_order=True)
+    applied = [
+        create,
+        update_register,
+        update,
+        register,
+        unregister,
+        again,
+        *listed_registers,
+        listed_unregister,
+    ]
     assert outcomes(spark, app_config) == {
-        unregister.request_id: "not_found",
-        update.request_id: "not_found",
+        **{receipt.request_id: "applied" for receipt in applied},
+        unknown_unregister.request_id: "not_found",
+        unknown_update.request_id: "not_found",
     }
 
+    # update_spec: the client reads the merged spec
+    info = client.get_job_status(updated)
+    assert info is not None and info.spec == merged.to_json()
 
-def test_status_and_list_by_state(
-    spark: SparkSession, app_config: AppConfig, client: LakepropClient
-) -> None:
-    make_source(spark, app_config, "sales", "orders")
-    keys = [JobKey(1, "sales", "orders", f"job_{i}") for i in range(3)]
-    for key in keys:
-        client.register_job(key, replica_spec())
-    client.unregister_job(keys[2])
-    run_once(spark, app_config)
+    # re-register: two rows of the key with distinct job ids (as every row's); the
+    # client reads the live one
+    rows = catalog.collect()
+    job_ids = [r["job_id"] for r in rows if r["job_name"] == reregistered.job_name]
+    assert len(set(job_ids)) == 2
+    assert len({r["job_id"] for r in rows}) == len(rows)
+    status = client.get_job_status(reregistered)
+    assert status is not None and status.drop_at is None and status.create_at == again.timestamp
 
-    listed = client.list_jobs(state=JobState.COMPLETED)
-    assert [j.key for j in listed] == keys[:2]
-    assert [j.key for j in client.list_jobs(include_dropped=True)] == keys
+    # unknown job: no row to read
+    assert client.get_job_status(unknown) is None
+
+    # status and list by state, over every part's jobs
+    listed_live = [listed[0], listed[1], created, reregistered, updated]  # in key order
+    assert [j.key for j in client.list_jobs(state=JobState.COMPLETED)] == listed_live
+    assert [j.key for j in client.list_jobs(include_dropped=True)] == [
+        *listed,
+        created,
+        reregistered,  # the dropped job, then the new one (by job id)
+        reregistered,
+        updated,
+    ]
     assert client.list_jobs(state="error") == []
     assert client.list_jobs(account_id=2) == []
-    info = client.get_job_status(keys[0])
+    info = client.get_job_status(listed[0])
     assert info is not None
     assert (info.state, info.watermark, info.status["error_code"]) == ("completed", None, 0)
     assert client.get_job_status(JobKey(1, "sales", "orders", "nope")) is None
 
 
-def test_replaying_a_batch_leaves_every_table_equal(
+def test_a_replayed_batch_leaves_every_table_equal_and_a_deleted_checkpoint_the_catalog(
     spark: SparkSession, app_config: AppConfig, client: LakepropClient
 ) -> None:
-    """Spark re-runs the last batch when its commit is missing, as after a crash."""
+    """Three starts on one change log. It proves:
+
+    * Spark re-runs the last batch when its commit is missing, as after a crash:
+      the catalog, requests and rejects tables end equal, and the event table
+      tells each verdict once;
+    * the state tables survive a deleted checkpoint without duplicates: losing
+      the checkpoint re-reads the log from the start, and the catalog skips it all."""
     make_source(spark, app_config, "sales", "orders")
     client.register_job(KEY, replica_spec())
     client.update_job_spec(KEY, {"iteration": {"priority": 4}})
@@ -219,13 +241,20 @@ def test_replaying_a_batch_leaves_every_table_equal(
     client.unregister_job(JobKey(7, "sales", "orders", "second"))
     client.register_job(JobKey(7, "sales", "orders", "second"), replica_spec(kind="greedy"))
     client.register_job(JobKey(7, "sales", "nowhere", "bad"), replica_spec())  # rejected
+    # the deleted checkpoint's part: a job registered, dropped and registered again
+    back = JobKey(7, "sales", "orders", "back")
+    client.register_job(back, replica_spec())
+    client.unregister_job(back)
+    client.register_job(back, replica_spec())
     run_once(spark, app_config)
     before = {
         name: snapshot(table(spark, app_config, name))
         for name in ("catalog", "requests", "rejects")
     }
+    catalog_before = snapshot(catalog_df(spark, app_config))
     told = verdict_events(spark, app_config)
 
+    # replaying a batch leaves every table equal
     commits = Path(app_config.state.checkpoint_location) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
     (commits / str(last)).unlink()
@@ -237,10 +266,15 @@ def test_replaying_a_batch_leaves_every_table_equal(
         for name in ("catalog", "requests", "rejects")
     }
     assert after == before
-    assert len(before["catalog"]) == 3 and len(before["rejects"]) == 1
+    assert len(before["catalog"]) == 5 and len(before["rejects"]) == 1
     # the event table tells each verdict once, however often its batch ran
     assert verdict_events(spark, app_config) == told
-    assert len(told) == 6 and len({event_id for event_id, _ in told}) == 6
+    assert len(told) == 9 and len({event_id for event_id, _ in told}) == 9
+
+    # the state tables survive a deleted checkpoint without duplicates
+    shutil.rmtree(app_config.state.checkpoint_location)
+    run_once(spark, app_config)
+    assert snapshot(catalog_df(spark, app_config)) == catalog_before
 
 
 def verdict_events(spark: SparkSession, config: AppConfig) -> list[tuple[str, str]]:
@@ -264,31 +298,51 @@ def test_a_replay_keeps_the_verdict_recorded_before_the_crash(
     assert table(spark, app_config, "rejects").count() == 1
 
 
-def test_restart_on_the_same_checkpoint_applies_everything_exactly_once(
+def test_restarts_on_the_same_checkpoint_apply_everything_once_and_report_a_second_register(
     spark: SparkSession, app_config: AppConfig, client: LakepropClient
 ) -> None:
+    """Three starts on one checkpoint. It proves:
+
+    * a restart on the same checkpoint applies every message exactly once (the
+      third start, with nothing new, changes nothing);
+    * a second register of a live job, read by a later start, is reported
+      (already_exists), not duplicated."""
     table_id = make_source(spark, app_config, "sales", "orders")
     keys = [JobKey(0, "sales", "orders", f"j{i}") for i in range(4)]
     spec = replica_spec()
     receipts = [client.register_job(keys[0], spec), client.register_job(keys[1], spec)]
+    first = client.register_job(KEY, spec)  # the live job a second register finds
     run_once(spark, app_config)
     receipts += [client.register_job(keys[2], spec), client.register_job(keys[3], spec)]
+    second = client.register_job(KEY, replica_spec(kind="greedy"))  # a second register
     run_once(spark, app_config)
     run_once(spark, app_config)  # nothing new: changes nothing
 
+    # each job once, and KEY with its first register's row alone
     expected = rows_df(
-        spark, [expected_row(k, spec, r, table_id) for k, r in zip(keys, receipts, strict=True)]
+        spark,
+        [expected_row(k, spec, r, table_id) for k, r in zip(keys, receipts, strict=True)]
+        + [expected_row(KEY, spec, first, table_id)],
     )
     assert_df_equality(catalog_df(spark, app_config), expected, ignore_row_order=True)
+    # each request once, with its outcome
+    expected_outcomes = {
+        **{r.request_id: "applied" for r in receipts},
+        first.request_id: "applied",
+        second.request_id: "already_exists",
+    }
     requests = table(spark, app_config, "requests")
     assert_df_equality(
         requests.select("request_id", "outcome"),
         spark.createDataFrame(
-            [(r.request_id, "applied") for r in receipts],
+            list(expected_outcomes.items()),
             requests.select("request_id", "outcome").schema,
         ),
         ignore_row_order=True,
     )
+    assert outcomes(spark, app_config) == expected_outcomes
+    # the second register's verdict says why
+    assert client.wait_for_outcome(second)["detail"].startswith(f"job {KEY} already exists")
 
 
 def test_a_quiet_service_runs_no_micro_batch_until_there_is_work(
@@ -441,21 +495,6 @@ def test_a_micro_batch_refused_while_halted_fails_the_query_unless_a_stop_ends_i
     assert [
         r for r in caplog.records if r.name == PY4J_CALLBACK_LOGGER and r.levelno >= logging.WARNING
     ] == []
-
-
-def test_state_tables_survive_a_deleted_checkpoint_without_duplicates(
-    spark: SparkSession, app_config: AppConfig, client: LakepropClient
-) -> None:
-    """Losing the checkpoint re-reads the log from the start; the catalog skips it all."""
-    make_source(spark, app_config, "sales", "orders")
-    client.register_job(KEY, replica_spec())
-    client.unregister_job(KEY)
-    client.register_job(KEY, replica_spec())
-    run_once(spark, app_config)
-    before = snapshot(catalog_df(spark, app_config))
-    shutil.rmtree(app_config.state.checkpoint_location)
-    run_once(spark, app_config)
-    assert snapshot(catalog_df(spark, app_config)) == before
 
 
 def test_a_flush_or_gc_between_apply_and_commit_writes_no_part_of_the_batch(
