@@ -1,6 +1,7 @@
 """The usage table with several instances: the leader (the holder of slot 0)
 refreshes it, and counts the iterations the others recorded, also those recorded
-after it last refreshed their hour.
+after it last refreshed their hour. With one instance, the first refresh into a
+table it created appends, and the later ones replace the rows of their hours.
 
 A :class:`UsageTable` in shared mode stands in for the leader's, on real Delta
 tables; iterations appended to the history without telling it are the other
@@ -14,6 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from lakeprop.state.history import IterationHistory, IterationRecord, MemberRecord
@@ -72,6 +74,33 @@ def test_the_leader_counts_an_iteration_another_instance_recorded_after_it_refre
     )
     assert table == usage_of(spark.read.format("delta").load(history.path).collect())
     assert [r.job_id for r in table] == [1, 2]
+
+
+def usage_rows(spark: SparkSession, path: str) -> list[UsageRow]:
+    return sorted(
+        (UsageRow(**r.asDict()) for r in spark.read.format("delta").load(path).collect()),
+        key=lambda r: (r.account_id, r.job_id, r.hour),
+    )
+
+
+def test_the_first_refresh_into_a_new_table_appends_and_the_next_replaces_the_hour(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    history = IterationHistory(spark, str(tmp_path / "iterations"))
+    history.ensure()
+    usage = UsageTable(spark, str(tmp_path / "usage"), history.path)
+    usage.ensure()
+    for minute in (10, 20):  # two iterations of one job in one hour, refreshed after each
+        done = iteration(1, datetime(2026, 12, 7, 2, minute))
+        history.record([done])
+        usage.recorded([done.ended_at])
+        usage.refresh()
+
+    table = usage_rows(spark, usage.path)
+    assert table == usage_of(spark.read.format("delta").load(history.path).collect())
+    assert [(r.job_id, r.iterations) for r in table] == [(1, 2)]  # the hour's row, once
+    operations = DeltaTable.forPath(spark, usage.path).history().orderBy("version")
+    assert [r["operation"] for r in operations.collect()] == ["CREATE TABLE", "WRITE", "MERGE"]
 
 
 def test_an_instance_that_created_the_history_reads_what_another_recorded_in_it(

@@ -115,11 +115,17 @@ def _merge(
 
 
 def append(
-    spark: SparkSession, path: str, schema: StructType, rows: Sequence[Sequence[Any]]
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    rows: Sequence[Sequence[Any]],
+    options: Mapping[str, str] | None = None,
 ) -> None:
-    """Append rows (one Delta commit, no read of the table): for rows known to be new."""
+    """Append rows (one Delta commit, no read of the table): for rows known to be new.
+    ``options`` go to the writer (an application transaction id, say)."""
     if rows:
-        spark.createDataFrame(list(rows), schema).write.format("delta").mode("append").save(path)
+        writer = spark.createDataFrame(list(rows), schema).write.format("delta")
+        writer.options(**(options or {})).mode("append").save(path)
 
 
 def overwrite(

@@ -134,6 +134,10 @@ def usage_of(iterations: Iterable[Any]) -> list[UsageRow]:
     return sorted(rows.values(), key=lambda r: (r.account_id, r.job_id, r.hour))
 
 
+FIRST_APPEND = {"txnAppId": "lakeprop-usage-first", "txnVersion": "1"}
+"""The transaction of the one append a usage table gets (its first refresh)."""
+
+
 class UsageTable:
     """The ``usage`` Delta table, refreshed from the iteration history."""
 
@@ -215,11 +219,14 @@ class UsageTable:
     def _replace(self, rows: Sequence[UsageRow]) -> None:
         """Replace the rows of their hours: a MERGE, or an append to the table this
         process created, while no one has written it (version 0: empty) and no other
-        instance writes it (the rows are unique by account, job and hour)."""
+        instance writes it (the rows are unique by account, job and hour). The append
+        carries a transaction id: a commit retried after it landed unseen (object
+        storage) is skipped, not appended twice."""
         fresh = self._created and not self.shared and state.untouched(self.spark, self.path)
         self._created = False  # whatever comes of the append, later writes MERGE
         if fresh:
-            state.append(self.spark, self.path, USAGE_SCHEMA, [r.as_tuple() for r in rows])
+            tuples = [r.as_tuple() for r in rows]
+            state.append(self.spark, self.path, USAGE_SCHEMA, tuples, FIRST_APPEND)
             return
         state.upsert(
             self.spark,
