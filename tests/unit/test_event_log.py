@@ -111,14 +111,16 @@ def test_events_past_the_retention_are_deleted_once_an_hour() -> None:
 def test_a_table_this_process_created_is_swept_once_the_retention_has_passed_since() -> None:
     now = [1_000_000.0]
     table = Recording()
-    table.created_at = now[0]
-    log = EventLog(table, flush_interval=10.0, clock=lambda: now[0], retention=2 * SWEEP_INTERVAL)
+    table.created = True  # by ensure(), before the log starts
+    log = EventLog(table, flush_interval=3600.0, clock=lambda: now[0], retention=2 * SWEEP_INTERVAL)
+    log.start()
     assert not log.sweep()  # nothing in it can be past the retention: no delete run
     now[0] += SWEEP_INTERVAL
     assert not log.sweep()
     now[0] += SWEEP_INTERVAL
     assert log.sweep()
     assert table.deletes == [datetime.fromtimestamp(now[0] - 2 * SWEEP_INTERVAL)]
+    assert log.close() == 0 and table.appends == []
 
 
 def test_a_flush_before_a_slot_goes_waits_for_an_append_under_way() -> None:

@@ -68,6 +68,8 @@ class EventLog:
         self.leads = leads
         """Whether this instance applies the retention (with several, the leader)."""
         self._swept_at: float | None = None
+        self._created_at: float | None = None
+        """When the table this process created was created (by :attr:`clock`)."""
         self.instance = instance
         self.clock = clock or time.time
         self._pending: list[EventRecord] = []
@@ -81,7 +83,10 @@ class EventLog:
         self._flushing: threading.Thread | None = None
 
     def start(self) -> EventLog:
-        """Start appending once an interval, on a thread of its own."""
+        """Start appending once an interval, on a thread of its own (once the table
+        is ensured)."""
+        if self.table.created and self._created_at is None:
+            self._created_at = self.clock()
         if self._flushing is None:
             self._flushing = threading.Thread(
                 target=self._every_interval, name="lakeprop-events", daemon=True
@@ -105,7 +110,7 @@ class EventLog:
         ):
             return False
         self._swept_at = now
-        created = self.table.created_at
+        created = self._created_at
         if created is not None and now - created < self.retention:
             return False  # a table this process created holds no event that old yet
         try:

@@ -14,7 +14,6 @@ the events older than ``events.retention``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -67,9 +66,8 @@ EVENTS_SCHEMA = spark_schema(EventRecord)
 class EventTable:
     """Appends to the event table (blind appends: instances never conflict)."""
 
-    created_at: float | None = None
-    """When this process created the table (None: it was there): no event in it is
-    older than that."""
+    created = False
+    """This process created the table (:meth:`ensure`): no event in it is older."""
 
     def __init__(self, spark: SparkSession, path: str) -> None:
         self.spark = spark
@@ -77,7 +75,7 @@ class EventTable:
 
     def ensure(self) -> None:
         if state.ensure_table(self.spark, self.path, EVENTS_SCHEMA, state.APPEND_LOG_PROPERTIES):
-            self.created_at = time.time()
+            self.created = True
             return
         if self._has_ids():
             return
