@@ -221,7 +221,7 @@ class UsageTable:
         process created, while no one has written it (version 0: empty) and no other
         instance writes it (the rows are unique by account, job and hour). The append
         carries a transaction id: a commit retried after it landed unseen (object
-        storage) is skipped, not appended twice."""
+        storage) is refused or skipped, never appended twice."""
         fresh = self._created and not self.shared and state.untouched(self.spark, self.path)
         self._created = False  # whatever comes of the append, later writes MERGE
         if fresh:
