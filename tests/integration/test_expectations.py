@@ -4,6 +4,7 @@ nothing), ``warn`` and ``unique`` count, and ``fail`` writes nothing."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,16 @@ from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 from devkit.harness import SOURCE_SCHEMA, cdf_source, latest_version
 from devkit.iterations import iterate
 from lakeprop.config import AppConfig
-from lakeprop.engine.model import IterationKind, IterationResult
+from lakeprop.engine.iteration import _TALLY_FAILED, run_iteration
+from lakeprop.engine.model import (
+    CancelToken,
+    IterationKind,
+    IterationPlan,
+    IterationResult,
+    Member,
+    MemberJob,
+    TableRef,
+)
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.state.history import RuleCount
@@ -316,3 +326,86 @@ def test_every_consumer_keeps_the_quarantine_contract_over_replays_resyncs_and_r
     # and rules taken away: nothing is dropped any more, so nothing stays
     step([], None, second, generation=1)
     assert_quarantines([])
+
+
+def test_members_count_their_rules_from_their_own_start_in_the_change_sets_read(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """The rules of every member are counted per commit version as the change set is
+    read, and each member sums the versions after its own start. A rule that cannot
+    run on these rows (a cast that fails) fails its own job alone: the others count
+    their rules themselves, and their targets are written."""
+    tables = Tables(spark, app_config.tables)
+    path = cdf_source(spark, app_config, "qa", "orders")
+    specs = {
+        **CONSUMERS,
+        "casting": {
+            "type": "replica",
+            "options": {
+                "primary_key": ["id"],
+                "expectations": [
+                    {"name": "numeric", "check": "cast(name AS INT) > 0", "action": "warn"}
+                ],
+            },
+        },
+    }
+
+    def commit(rows: list[tuple[Any, ...]]) -> int:
+        spark.createDataFrame(rows, SOURCE_SCHEMA).write.format("delta").mode("append").save(path)
+        return latest_version(spark, path)
+
+    def tail(to: int, starts: dict[str, int]) -> dict[str, Any]:
+        """One tail of the named jobs, each from its own start: their outcomes by name."""
+        numbers = {name: n for n, name in enumerate(specs, start=1)}
+        members = [
+            MemberJob(
+                Member((key, numbers[name]), numbers[name], start),
+                key,
+                JobSpec.from_json({"iteration": {"consumer": specs[name]}}),
+            )
+            for name, start in starts.items()
+            for key in [JobKey(1, "qa", "orders", name)]
+        ]
+        plan = IterationPlan(
+            TableRef(1, "qa", "orders"),
+            IterationKind.TAIL,
+            to,
+            tuple(m.member for m in members),
+            0,
+            time.time(),
+        )
+        spark.sparkContext.setJobGroup(plan.iteration_id, "members from their own starts")
+        result = run_iteration(spark, plan, members, tables, CancelToken(), small_rows=1000)
+        named = {n: name for name, n in numbers.items()}
+        return {named[m.job_id]: m for m in result.members}
+
+    def found(outcome: Any) -> list[tuple[str, int]]:
+        assert outcome.ok, outcome.error_msg
+        return [(c.name, c.failed) for c in outcome.expectations]
+
+    def assert_targets() -> None:
+        now = spark.read.format("delta").load(path).where("amount IS NOT NULL")
+        assert_df_equality(
+            target(spark, tables, "orders_clean").select(*now.columns), now, ignore_row_order=True
+        )
+        assert_view(spark, tables, "orders_totals", now)
+
+    first = commit([(1, "a", 1.0)])
+    run(spark, tables, first, ["clean", "totals"], None)
+    middle = commit([(2, "b", None), (3, "a", 300.0)])
+    run(spark, tables, middle, ["totals"], first)  # totals is a version ahead of clean
+    last = commit([(4, "c", None), (5, "d", 5.0)])
+    both = tail(last, {"clean": first, "totals": middle})
+    assert found(both["clean"]) == [("amount_known", 2), ("small", 3), ("one_per_name", 1)]
+    assert found(both["totals"]) == [("amount_known", 1)]
+    assert_targets()
+
+    try:
+        later = commit([(6, "a", None)])
+        mixed = tail(later, {"clean": last, "casting": first})
+        assert found(mixed["clean"]) == [("amount_known", 1), ("small", 1), ("one_per_name", 1)]
+        failed = mixed["casting"]
+        assert not failed.ok and "CAST" in (failed.error_msg or "").upper(), failed
+        assert_targets()
+    finally:
+        _TALLY_FAILED.pop(TableRef(1, "qa", "orders"), None)  # the next test's table too

@@ -8,8 +8,10 @@ import time
 from typing import Any
 
 import pytest
+from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from lakeprop import expectations
+from lakeprop.engine.expect import Tally
 from lakeprop.engine.model import (
     IterationKind,
     IterationPlan,
@@ -171,3 +173,49 @@ def test_an_iteration_tells_its_events() -> None:
         "failed": 2,
     }
     assert events[3].error_code == 10702 and events[3].iteration_id == plan.iteration_id
+
+
+def test_a_members_rule_counts_are_summed_over_its_versions_of_the_change_set() -> None:
+    """The change set's read counts each member's rules per commit version; a member
+    takes the versions after its start: counts added, the least low and the greatest
+    high of the keys written (a version that wrote none has no bound)."""
+    rules = (
+        Expectation("priced", "drop", check="amount >= 0"),
+        Expectation("named", "warn", check="name IS NOT NULL"),
+        Expectation("one_per_id", "fail", unique=("id",)),
+    )
+    tally = Tally(rules, prefix="_tally3_")
+
+    def version(broke: int, unnamed: int, kept: int, rows: int, low: Any, high: Any) -> Any:
+        values = (broke, unnamed, kept, rows, low, high)
+        names = ("0", "1", "kept", "all", "low0", "high0")
+        return {f"_tally3_{n}": v for n, v in zip(names, values, strict=True)}
+
+    per_version = {
+        4: version(1, 0, 2, 3, 5, 9),
+        5: version(0, 2, 4, 4, None, None),  # only deletes: no key written
+        6: version(2, 1, 0, 2, 3, 7),
+        7: version(0, 0, 1, 1, 11, 11),
+    }
+    assert tally.over(per_version, 4) == {
+        "0": 2,
+        "1": 3,
+        "kept": 5,
+        "all": 7,
+        "low0": 3,
+        "high0": 11,
+    }
+    assert tally.over(per_version, 3)["all"] == 10
+    assert tally.over(per_version, 7) == {
+        "0": None,
+        "1": None,
+        "kept": None,
+        "all": None,
+        "low0": None,
+        "high0": None,
+    }
+    # keys Python orders as Spark does merge; others are counted over the slice
+    schema = StructType([StructField("ID", LongType()), StructField("at", TimestampType())])
+    assert tally.mergeable(schema)
+    assert not Tally((Expectation("once", "warn", unique=("at",)),)).mergeable(schema)
+    assert Tally(rules[:2]).mergeable(StructType([]))  # no unique rule: nothing to merge

@@ -21,8 +21,9 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
@@ -34,9 +35,10 @@ from lakeprop.changes import (
     own_columns,
     widens,
 )
+from lakeprop.changes.held import release
 from lakeprop.engine.fanout import session_confs
 from lakeprop.engine.model import CancelToken, IterationKind, IterationPlan, IterationResult
-from lakeprop.engine.sparkstats import cached_bytes, checkpointed_rdd
+from lakeprop.engine.sparkstats import cached_bytes
 from lakeprop.errors import ErrorCode, LakepropError, PermanentError
 from lakeprop.tables.resolve import TableHandle
 
@@ -72,6 +74,14 @@ def _unreadable(exc: BaseException) -> bool:
     return any(marker in text for marker in _UNREADABLE_RANGE)
 
 
+def _schema_changed(exc: BaseException) -> bool:
+    return any(marker in str(exc) for marker in _SCHEMA_CHANGED)
+
+
+TALLY = "_tally"
+"""How the names of the ``tallies`` a read is given start (:func:`read`)."""
+
+
 @dataclass
 class ChangeSet:
     """What one iteration read: the rows, and for a tail their count and key bounds
@@ -82,6 +92,9 @@ class ChangeSet:
     bounds: dict[int, Bounds] = field(default_factory=dict)
     held: HeldLatest | None = None
     """The last change per key, held for the consumers of a large tail."""
+    tallied: dict[int, dict[str, Any]] | None = None
+    """Per commit version, the values of the ``tallies`` the read was given (a tail
+    read with some; None when it was given none, or counting them failed)."""
 
     def after(self, start: int) -> DataFrame:
         """The changes of the versions after ``start`` (one member's slice)."""
@@ -111,12 +124,49 @@ def read(
     result: IterationResult,
     token: CancelToken,
     keys: Sequence[str],
+    tallies: Sequence[Column] = (),
 ) -> ChangeSet:
     """The checkpointed change set of a tail, with its rows per commit version
     and the bounds of the ``keys`` it can bound per version (one Spark job
     finds both as it stores the blocks), or the table as of ``to_version`` for
     a snapshot (no counts, no bounds); a tail whose range is no longer readable
-    becomes a snapshot (resync)."""
+    becomes a snapshot (resync).
+
+    ``tallies`` are more aggregates taken per version in the same job, named from
+    :data:`TALLY` on: the members' expectations
+    (:class:`~lakeprop.engine.expect.Tally`). They are the members' own, so one
+    that fails to count (an expression that cannot run on these rows) harms no
+    other: whatever the failure, the change set is read again without them (that
+    read alone decides what a failure to read means), and each member counts its
+    rules itself, failing alone (``tallied`` stays None)."""
+    if plan.kind is IterationKind.TAIL and tallies:
+        scans = result.source_scans
+        try:
+            return _read(source, plan, result, token, keys, tallies)
+        except _TallyFailed as failed:
+            log.warning(
+                "%s: the rules' counts failed on the change set; each job counts its own: %s",
+                source,
+                str(failed.__cause__).splitlines()[0][:300],
+            )
+            result.source_scans = scans  # the read that failed held nothing
+    return _read(source, plan, result, token, keys)
+
+
+class _TallyFailed(Exception):
+    """The change set's read failed with the members' tallies in it (the cause)."""
+
+
+def _read(
+    source: TableHandle,
+    plan: IterationPlan,
+    result: IterationResult,
+    token: CancelToken,
+    keys: Sequence[str],
+    tallies: Sequence[Column] = (),
+) -> ChangeSet:
+    """:func:`read`, with ``tallies`` in the count, or none; a failure with tallies
+    in it raises :class:`_TallyFailed` (unless cancelled)."""
     if plan.kind is IterationKind.TAIL:
         data: DataFrame | None = None
         try:
@@ -128,9 +178,26 @@ def read(
                 for i, c in enumerate(bounded)
                 for name, agg in (("low", F.min), ("high", F.max))
             ]
-            counted = (
-                data.groupBy("_commit_version").agg(F.count(F.lit(1)).alias("_rows"), *extremes)
-            ).collect()
+            try:
+                counted = (
+                    data.groupBy("_commit_version").agg(
+                        F.count(F.lit(1)).alias("_rows"), *extremes, *tallies
+                    )
+                ).collect()
+            except Exception as exc:
+                if not tallies or token.cancelled:
+                    raise
+                raise _TallyFailed() from exc
+            tallied = (
+                {
+                    int(r["_commit_version"]): {
+                        n: v for n, v in r.asDict().items() if n.startswith(TALLY)
+                    }
+                    for r in counted
+                }
+                if tallies
+                else None
+            )
             per_version = {int(r["_commit_version"]): int(r["_rows"]) for r in counted}
             bounds: dict[int, Bounds] = {
                 int(r["_commit_version"]): {
@@ -139,17 +206,19 @@ def read(
                 for r in counted
             }
             result.rows_read = token.cached_rows = sum(per_version.values())
-            return ChangeSet(data, per_version, bounds)
+            return ChangeSet(data, per_version, bounds, tallied=tallied)
         except Exception as exc:
             if data is not None:
                 release(data)
-            if not token.cancelled and any(m in str(exc) for m in _SCHEMA_CHANGED):
+            if isinstance(exc, _TallyFailed):
+                raise
+            if not token.cancelled and _schema_changed(exc):
                 changes = column_changes(source, plan)
                 if not changes.widening_only:
                     raise changes.error() from None
                 log.info("%s: read across widened column types %s", source, changes.changed)
                 with session_confs(source.spark, {WIDENING_READ: "true"}):
-                    return read(source, plan, result, token, keys)
+                    return _read(source, plan, result, token, keys, tallies)
             if token.cancelled or not _unreadable(exc):
                 raise
             result.kind = IterationKind.SNAPSHOT
@@ -283,16 +352,3 @@ class HeldLatest:
             release(held)
         self._held.clear()
         return taken
-
-
-def release(data: DataFrame) -> None:
-    """Free the blocks of a checkpointed change set or snapshot."""
-    try:
-        rdd = checkpointed_rdd(data)
-    except Exception as exc:  # no JVM plan to look at: unpersist is all there is
-        log.debug("checkpoint of the change set not found: %s", exc)
-        rdd = None
-    if rdd is None:
-        data.unpersist()
-    else:
-        rdd.unpersist(False)

@@ -4,9 +4,10 @@ The rules (:mod:`lakeprop.expectations`) run on the member's rows
 before its consumer sees them, on the Spark path only (a tail of a job with
 rules never goes the native way):
 
-* one Spark job counts, per ``check`` rule, the rows going to the target (a
+* one pass counts, per ``check`` rule, the rows going to the target (a
   snapshot's rows; a tail's inserts and post-images) that break it, and the
-  rows every ``drop`` rule keeps;
+  rows every ``drop`` rule keeps (:class:`Tally`): on a tail, the pass that
+  reads the change set, per commit version; on a snapshot, a Spark job;
 * a ``unique`` rule reads the source at the range's end, narrowed to the keys
   the range wrote (a semi-join, bounded by the least and greatest key so that
   Delta skips the files outside); a snapshot checks the whole table;
@@ -26,14 +27,16 @@ with whatever the consumer quarantined itself, in one write
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
+from lakeprop.changes import boundable
 from lakeprop.changes.feed import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
 from lakeprop.changes.latest import LEAVES
 from lakeprop.consumers.base import ConsumerContext
@@ -65,6 +68,98 @@ class Guarded:
     """The dropped rows, as they go to the quarantine (None: none were)."""
 
 
+@dataclass(frozen=True)
+class Tally:
+    """What one member's rules count in one pass over its rows: per ``check`` rule
+    the rows going to the target that break it, the rows every ``drop`` rule keeps,
+    all rows, and per ``unique`` rule the least and greatest first key column the
+    rows write. On a tail these are aggregated per commit version in the pass that
+    reads and stores the change set (:func:`~lakeprop.engine.changeset.read`), and
+    a member sums its versions (:meth:`over`); so its rules cost no Spark job of
+    their own. The aggregates' names start with ``prefix``, one per member."""
+
+    rules: tuple[Expectation, ...]
+    prefix: str = "_"
+    snapshot: bool = False
+
+    @property
+    def going(self) -> Column:
+        """The rows that go to the target: a snapshot's, a tail's inserts and post-images."""
+        return F.lit(True) if self.snapshot else F.col(CHANGE_TYPE).isin(*LEAVES)
+
+    @property
+    def checks(self) -> list[Expectation]:
+        return [r for r in self.rules if r.check is not None]
+
+    @property
+    def uniques(self) -> list[Expectation]:
+        return [r for r in self.rules if r.unique]
+
+    def holds(self) -> dict[str, Column]:
+        return {r.name: F.coalesce(F.expr(r.check or ""), F.lit(False)) for r in self.checks}
+
+    def kept_by_drops(self) -> Column:
+        holds = self.holds()
+        drops = [holds[r.name] for r in self.checks if r.action == DROP]
+        return reduce(lambda a, b: a & b, drops, F.lit(True))
+
+    def columns(self) -> list[Column]:
+        """The aggregates, one pass over the rows (or over each commit version's)."""
+        p, going, holds = self.prefix, self.going, self.holds()
+        totals: list[Column] = [
+            F.sum(F.when(going & ~holds[r.name], 1).otherwise(0)).alias(f"{p}{i}")
+            for i, r in enumerate(self.checks)
+        ]
+        totals.append(F.sum(F.when(self.kept_by_drops(), 1).otherwise(0)).alias(f"{p}kept"))
+        totals.append(F.count(F.lit(1)).alias(f"{p}all"))
+        for j, rule in enumerate(self.uniques):  # the range of the keys written
+            written = F.when(going & _present(rule.unique), F.col(rule.unique[0]))
+            totals += [F.min(written).alias(f"{p}low{j}"), F.max(written).alias(f"{p}high{j}")]
+        return totals
+
+    def mergeable(self, schema: StructType) -> bool:
+        """Whether the least and greatest key of each ``unique`` rule can be had from
+        each version's (:meth:`over`): Python orders them as Spark does (the types
+        :func:`~lakeprop.changes.boundable` names; not a collated string, a
+        timestamp, a float with its NaN, a struct)."""
+        types = {f.name.lower(): f.dataType for f in schema.fields}
+        return all(
+            (found := types.get(r.unique[0].lower())) is not None and boundable(found)
+            for r in self.uniques
+        )
+
+    def over(self, per_version: Mapping[int, Mapping[str, Any]], start: int) -> dict[str, Any]:
+        """The totals of the commit versions after ``start``, from their aggregates
+        (sums added, the least of the lows, the greatest of the highs: only where
+        :meth:`mergeable`), by the names :meth:`found` reads."""
+        found: dict[str, Any] = {}
+        for version, values in per_version.items():
+            if version <= start:
+                continue
+            for name in self._names():
+                value, had = values[self.prefix + name], found.get(name)
+                if value is None:
+                    found.setdefault(name, None)
+                elif had is None:
+                    found[name] = value
+                elif name.startswith("low"):
+                    found[name] = min(had, value)
+                elif name.startswith("high"):
+                    found[name] = max(had, value)
+                else:
+                    found[name] = had + value
+        return {name: found.get(name) for name in self._names()}
+
+    def _names(self) -> list[str]:
+        names = [str(i) for i in range(len(self.checks))] + ["kept", "all"]
+        return names + [f"{e}{j}" for j in range(len(self.uniques)) for e in ("low", "high")]
+
+    def found(self, rows: DataFrame) -> dict[str, Any]:
+        """The totals of ``rows``, in a Spark job of their own."""
+        row = rows.agg(*self.columns()).collect()[0]
+        return {name: row[self.prefix + name] for name in self._names()}
+
+
 def guard(
     rules: Sequence[Expectation],
     rows: DataFrame,
@@ -73,38 +168,31 @@ def guard(
     from_version: int | None,
     to_version: int,
     shown_keys: Sequence[str],
+    counted: Mapping[str, Any] | None = None,
 ) -> Guarded:
     """Run ``rules`` on ``rows``: a tail's change rows after ``from_version``, or a
     snapshot's rows (``from_version`` None) at ``to_version``; raise
-    :class:`ExpectationFailed` when a ``fail`` rule is broken."""
+    :class:`ExpectationFailed` when a ``fail`` rule is broken. ``counted`` is the
+    rules' :class:`Tally` of ``rows`` where the change set's read took it (else a
+    Spark job takes it here)."""
     snapshot = from_version is None
-    going = F.lit(True) if snapshot else F.col(CHANGE_TYPE).isin(*LEAVES)
-    checks = [r for r in rules if r.check is not None]
+    tally = Tally(tuple(rules), snapshot=snapshot)
+    going, checks, uniques = tally.going, tally.checks, tally.uniques
     drops = [r for r in checks if r.action == DROP]
-    holds = {r.name: F.coalesce(F.expr(r.check or ""), F.lit(False)) for r in checks}
-    kept_by_drops = reduce(lambda a, b: a & b, (holds[r.name] for r in drops), F.lit(True))
-    totals: list[Column] = [
-        F.sum(F.when(going & ~holds[r.name], 1).otherwise(0)).alias(f"_{i}")
-        for i, r in enumerate(checks)
-    ]
-    totals.append(F.sum(F.when(kept_by_drops, 1).otherwise(0)).alias("_kept"))
-    totals.append(F.count(F.lit(1)).alias("_all"))
-    uniques = [r for r in rules if r.unique]
-    for j, rule in enumerate(uniques):  # the range of the keys written, in the same pass
-        written = F.when(going & _present(rule.unique), F.col(rule.unique[0]))
-        totals += [F.min(written).alias(f"_low{j}"), F.max(written).alias(f"_high{j}")]
-    found = rows.agg(*totals).collect()[0]
-    counts = [RuleCount(r.name, r.action, int(found[f"_{i}"] or 0)) for i, r in enumerate(checks)]
+    holds = tally.holds()
+    kept_by_drops = tally.kept_by_drops()
+    found = tally.found(rows) if counted is None else counted
+    counts = [RuleCount(r.name, r.action, int(found[str(i)] or 0)) for i, r in enumerate(checks)]
     span = _span(source, from_version, to_version)
     for rule, count in zip(checks, counts, strict=True):
         if rule.action == FAIL and count.failed:
             broken = rows.where(going & ~holds[rule.name])
             _fail(rule, count.failed, span, _examples(broken, shown_keys))
     for j, rule in enumerate(uniques):
-        bounds = (found[f"_low{j}"], found[f"_high{j}"])
+        bounds = (found[f"low{j}"], found[f"high{j}"])
         counts.append(_unique(rule, rows, going, source, snapshot, to_version, bounds, span))
-    kept = int(found["_kept"] or 0)
-    if kept == int(found["_all"] or 0):
+    kept = int(found["kept"] or 0)
+    if kept == int(found["all"] or 0):
         return Guarded(rows, tuple(counts), None, None)
     if not any(c.failed for c in counts if c.action == DROP):  # a dropped row's leaving only
         return Guarded(rows.where(kept_by_drops), tuple(counts), kept, None)

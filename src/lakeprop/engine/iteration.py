@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from pyspark.sql import DataFrame, SparkSession
@@ -38,6 +39,7 @@ from lakeprop.engine.model import (
     IterationResult,
     MemberJob,
     MemberResult,
+    TableRef,
 )
 from lakeprop.engine.native import (
     NativePlan,
@@ -49,6 +51,7 @@ from lakeprop.engine.native import (
 from lakeprop.engine.sparkstats import cached_bytes, group_jobs, task_seconds
 from lakeprop.faults import fault_point
 from lakeprop.registry import get_consumer_type
+from lakeprop.spec import JobKey
 from lakeprop.state.history import RuleCount
 from lakeprop.storage import Storage
 from lakeprop.tables.resolve import TableHandle, Tables
@@ -127,7 +130,11 @@ def _on_spark(
     held: ChangeSet | None = None
     try:
         with session_confs(spark, COUNTING_CONFS):
-            held = changeset.read(source, plan, result, token, _key_columns(jobs))
+            tallies = _tallies(plan, jobs)
+            counting = [c for tally in tallies.values() for c in tally.columns()]
+            held = changeset.read(source, plan, result, token, _key_columns(jobs), counting)
+            if tallies and held.tallied is None:
+                _TALLY_FAILED[plan.table] = time.monotonic()
         result.bytes_cached = cached_bytes(spark, held.data)
         token.cached_bytes = result.bytes_cached or 0
         fault_point("iteration.before_write")
@@ -143,6 +150,7 @@ def _on_spark(
             tables=tables,
             token=token,
             storage=storage,
+            tallies=tallies if held.tallied is not None else {},
         )
         snapshot = result.kind is IterationKind.SNAPSHOT
         fan_out(
@@ -158,6 +166,34 @@ def _on_spark(
     finally:
         if held is not None:
             result.bytes_cached = (result.bytes_cached or 0) + held.release(spark)
+
+
+TALLY_PAUSE = 600.0
+"""Seconds the tails of a table whose members' rules failed to count with its
+change set count them each on their own (a rule that fails on the rows fails its
+job at every retry; the others should not pay a failed read each time)."""
+_TALLY_FAILED: dict[TableRef, float] = {}
+"""When counting the members' rules with a table's change set last failed."""
+
+
+def _tallies(plan: IterationPlan, jobs: Sequence[MemberJob]) -> dict[JobKey, expect.Tally]:
+    """The members' rules, to be counted as a tail's change set is read (by job; none
+    for a job without rules, or whose rules cannot be read: it fails on its own;
+    none at all for a snapshot, or within :data:`TALLY_PAUSE` of a failure)."""
+    if plan.kind is not IterationKind.TAIL:
+        return {}
+    if time.monotonic() < _TALLY_FAILED.get(plan.table, -math.inf) + TALLY_PAUSE:
+        return {}
+    found: dict[JobKey, expect.Tally] = {}
+    for n, job in enumerate(jobs):
+        try:
+            rules = expectations.of(job.spec.iteration.consumer.options)
+        except Exception as exc:
+            log.debug("no rules of job %s to count with the change set: %s", job.key, exc)
+            continue
+        if rules:
+            found[job.key] = expect.Tally(rules, prefix=f"{changeset.TALLY}{n}_")
+    return found
 
 
 def _key_columns(jobs: Sequence[MemberJob]) -> list[str]:
@@ -186,9 +222,11 @@ def _consume(
     tables: Tables,
     token: CancelToken,
     storage: Storage | None,
+    tallies: Mapping[JobKey, expect.Tally],
 ) -> MemberResult:
     """One member's step on Spark: the snapshot, or its slice of the change set,
-    through the job's expectations first where it has some."""
+    through the job's expectations first where it has some (counted as the change
+    set was read, where ``tallies`` has the job's rules)."""
     start = job.member.from_version if kind is IterationKind.TAIL else None
     held = changes.held
     context = member_context(
@@ -228,6 +266,7 @@ def _consume(
     def guarded(consumer: Consumer) -> int:
         source = tables.handle(plan.table.database, plan.table.table, spark)
         shown = get_consumer_type(context.consumer_type).key_columns(context.options)
+        tally = tallies.get(job.key)
         found = expect.guard(
             rules,
             rows,
@@ -235,6 +274,15 @@ def _consume(
             from_version=start,
             to_version=plan.to_version,
             shown_keys=shown,
+            counted=(
+                None
+                if tally is None
+                or start is None
+                or changes.tallied is None
+                or tally.rules != rules
+                or not tally.mergeable(changes.data.schema)
+                else tally.over(changes.tallied, start)
+            ),
         )
         counts.extend(found.counts)
         if found.kept is None:

@@ -11,9 +11,10 @@ figure or a failed iteration.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+
+from lakeprop.changes.held import checkpointed_rdd
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,3 @@ def cached_bytes(spark: SparkSession, data: DataFrame) -> int | None:
     except Exception as exc:
         log.debug("cached bytes unavailable: %s", exc)
         return None
-
-
-def checkpointed_rdd(data: DataFrame) -> Any | None:
-    """The JVM RDD behind a locally checkpointed DataFrame (its plan is one
-    ``LogicalRDD``), or None for any other DataFrame."""
-    plan = data._jdf.queryExecution().analyzed()
-    if plan.getClass().getSimpleName() != "LogicalRDD":
-        return None
-    return plan.rdd()
