@@ -62,6 +62,10 @@ def main() -> int:
             small = shrink(case, lambda c: fuzzer.check(c) is not None, args.shrink_minutes * 60)
             print(small.describe(), f"\n  fails: {fuzzer.check(small) or problem}", flush=True)
             failed.append(seed)
+        tails = ", ".join(
+            f"{fleet} {path} {n}" for (fleet, path), n in sorted(fuzzer.paths.items())
+        )
+        print(f"tails per fleet and path: {tails or 'none'}")
     finally:
         broker.stop()
         spark.stop()

@@ -77,6 +77,11 @@ NATIVE = ("replica", "index", "feed")
 """The jobs whose consumers have a native path: run a second time, on it (as one
 iteration: a member without a native path would send it all to Spark); the feed
 publishes to a topic of its own."""
+NATIVE_ALONE = ("agg",)
+"""Jobs with a native path that a source with deletion vectors keeps on Spark (an
+aggregate view's recomputed extreme reads the source's rows, which delta-rs does
+not read then): run in a native fleet of their own, so that the other native jobs
+stay native on such a source."""
 DRIVEN = ("cdc2",)
 """The jobs that read their tables' logs in the driver when the native path is on,
 and iterate differently there: run a second time, in a fleet of their own with it
@@ -237,6 +242,13 @@ class Fuzzer:
         fleets = [
             Fleet(self.spark, tables, specs["spark"], None, "spark", topics["spark"]),
             Fleet(self.spark, tables, native, NativeSettings(), "native", topics["native"]),
+            Fleet(
+                self.spark,
+                tables,
+                {n: specs["native"][n] for n in NATIVE_ALONE},
+                NativeSettings(),
+                "native_alone",
+            ),
             Fleet(
                 self.spark,
                 tables,

@@ -1,12 +1,12 @@
 """The native path: small tails MERGEd, and small snapshots written, by delta-rs in
 the driver, equal to Spark's.
 
-Every version of a replica and a secondary index is compared whole with the
-source at the version it records, in both modes (``auto``: native where it can,
-``spark``: never); one target is written by both paths in turn; each fallback
-(a target with row tracking, a change set over the bound, storage delta-rs
-cannot reach) runs on Spark and ends equal; the running service records the
-path each iteration took.
+Every version of a replica, a secondary index and two aggregate views is compared
+whole with the source (or its aggregate) at the version it records, in both modes
+(``auto``: native where it can, ``spark``: never); one target is written by both
+paths in turn; each fallback (a target with row tracking, a change set over the
+bound, storage delta-rs cannot reach) runs on Spark and ends equal; the running
+service records the path each iteration took.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from devkit.expected import AGGREGATE_COLUMNS, aggregated, aggregates_of
 from devkit.harness import (
     cdf_source,
     history,
@@ -49,6 +50,12 @@ JOBS = {
         ["g", "id"],
     ),
 }
+VIEWS = {
+    "per_g": ["g"],
+    "whole": [],
+}
+"""Aggregate views of ``v`` (every function), by ``g`` (a NULL group among them) and
+over the whole table."""
 
 
 def source_table(spark: SparkSession, warehouse: Path) -> str:
@@ -68,27 +75,35 @@ def at(spark: SparkSession, path: str, version: int) -> DataFrame:
 
 
 @pytest.mark.parametrize("mode", ["auto", "spark"])
-def test_every_version_of_a_replica_and_an_index_equals_the_source_in_both_modes(
+def test_every_version_of_each_table_consumer_equals_its_query_of_the_source_in_both_modes(
     spark: SparkSession, tmp_path: Path, mode: str
 ) -> None:
     path = source_table(spark, tmp_path)
     workload = Workload(spark, path, seed=8)
     workload.burst(3)
     settings = NativeSettings(mode=mode)
+    consumers = {name: consumer for name, (consumer, _) in JOBS.items()}
+    for name, group_by in VIEWS.items():
+        options = {"group_by": group_by, "aggregates": aggregates_of("v")}
+        consumers[name] = {"type": "aggregate_view", "options": options}
     drivers = {
         name: HandDriven(
             spark, str(tmp_path), JobKey(1, "p", "src", name), consumer, native=settings
         )
-        for name, (consumer, _) in JOBS.items()
+        for name, consumer in consumers.items()
     }
     for driver in drivers.values():
         driver.snapshot(latest_version(spark, path))
     rng = random.Random(4)
     paths = set()
-    for _ in range(5):
-        workload.burst(rng.randint(1, 3))
-        workload.update()  # rows the targets hold already: updated, then deleted
-        workload.delete()
+    for step in range(6):
+        if step < 5:
+            workload.burst(rng.randint(1, 3))
+            workload.update()  # rows the targets hold already: updated, then deleted
+            workload.delete()
+        else:  # the largest value goes: the views take their maximum from the source
+            (largest,) = spark.read.format("delta").load(path).agg({"v": "max"}).first() or [0]
+            spark.sql(f"DELETE FROM delta.`{path}` WHERE v = {largest}")
         for driver in drivers.values():
             paths.add(driver.tail(latest_version(spark, path)).path)
     assert paths == ({"native"} if mode == "auto" else {"spark"})
@@ -99,11 +114,16 @@ def test_every_version_of_a_replica_and_an_index_equals_the_source_in_both_modes
         for name in ("numTargetRowsDeleted", "num_target_rows_deleted")
     )
     for name, driver in drivers.items():
-        columns = JOBS[name][1]
         for sink, source in sorted(recorded_versions(driver.path(), driver.job_id).items()):
+            if name in VIEWS:
+                columns = [*VIEWS[name], *AGGREGATE_COLUMNS]
+                expected = aggregated(at(spark, path, source), VIEWS[name], "v")
+            else:
+                columns = JOBS[name][1]
+                expected = at(spark, path, source)
             assert_df_equality(
                 driver.read(version=sink).select(*columns),
-                at(spark, path, source).select(*columns),
+                expected.select(*columns),
                 ignore_row_order=True,
                 ignore_nullable=True,
             )

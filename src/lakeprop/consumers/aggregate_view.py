@@ -32,29 +32,35 @@ Sums of floating-point columns accumulate rounding like any running sum.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
+from lakeprop.changes.held import release
+from lakeprop.consumers import aggregate_rows, native
+from lakeprop.consumers.aggregate_rows import ROWS
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.options import TARGET_OPTIONS, reject_unknown_options, target_options
 from lakeprop.errors import InvalidConsumerOptionsError, InvalidIdentifierError
 from lakeprop.identifiers import validate_identifier
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+log = logging.getLogger(__name__)
+
 _ALLOWED = {"group_by", "aggregates", *TARGET_OPTIONS}
 _FUNCTIONS = {"count", "sum", "avg", "min", "max"}
-ROWS = "_lp_rows"
-
-
-def _sum_col(alias: str) -> str:
-    return f"_lp_sum_{alias}"
-
-
-def _count_col(alias: str) -> str:
-    return f"_lp_n_{alias}"
+_INTEGRAL = {"byte", "short", "integer", "long"}
+_FLOATING = {"float", "double"}
+_COLLATIONS = "__COLLATIONS"
+"""The field metadata in which Delta keeps a string column's collation."""
+_sum_col, _count_col = aggregate_rows.sum_column, aggregate_rows.count_column
 
 
 def _null_safe(keys: list[str], left: str, right: str) -> Column:
@@ -68,6 +74,8 @@ def _null_safe(keys: list[str], left: str, right: str) -> Column:
 
 class AggregateViewConsumer(Consumer):
     """GROUP BY aggregates kept by deltas, MERGEd per range."""
+
+    native = True
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -252,13 +260,22 @@ class AggregateViewConsumer(Consumer):
         updated = joined.select(*columns)
         if not extremes:  # not held: the MERGE materialises its source once itself
             return self._write(self._shape(updated), to_version)
-        # held: looking for groups to recompute reads the view, and the MERGE reads it again
-        updated = updated.persist()
+        # held: the groups to recompute are counted as it is stored, and with none
+        # (a figure of 0, not a missing one) the MERGE reads it without Delta
+        # copying it first; a MERGE whose source also recomputes groups from the
+        # source table lets Delta copy it, so that read runs once
+        flagged = Observation("aggregate_view recompute")
+        updated = updated.observe(
+            flagged, F.sum(F.col("_lp_recompute").cast("int")).alias("groups")
+        ).localCheckpoint()
         try:
+            if flagged.get.get("groups") == 0:
+                with self.context.merging_held():
+                    return self._write(self._shape(updated), to_version)
             exact = self._recompute_extremes(updated, extremes, to_version)
             return self._write(self._shape(exact), to_version)
         finally:
-            updated.unpersist()
+            release(updated)
 
     @staticmethod
     def _candidate(aggregate: Mapping[str, Any]) -> Column:
@@ -290,8 +307,6 @@ class AggregateViewConsumer(Consumer):
         self, updated: DataFrame, extremes: list[dict[str, Any]], to_version: int
     ) -> DataFrame:
         """Min/max from the source at ``to_version`` for the flagged groups only."""
-        if updated.where("_lp_recompute").count() == 0:  # every group: the held rows
-            return updated
         key = self.context.key
         source = self.context.locate(key.database, key.table)
         rows = source.load(source.reader().option("versionAsOf", to_version))
@@ -318,3 +333,176 @@ class AggregateViewConsumer(Consumer):
         names = {a["as"] for a in extremes}
         kept = [F.col(f"u.{c}") for c in updated.columns if c not in names]
         return joined.select(*kept, *replaced)
+
+    # -- the native path ---------------------------------------------------------------
+
+    def written_columns(self) -> list[str]:
+        return [*self.group_by, *(a["as"] for a in self.aggregates), *self._bookkeeping()]
+
+    def why_not_native(self, fields: Sequence[tuple[str, Any]]) -> str | None:
+        """Columns whose values Python groups, sums or orders otherwise than Spark stay
+        on Spark: a floating-point group column (Spark groups its NaN and -0.0), a
+        sum or average of anything but integers and floats (decimals round as Spark
+        types them), a floating-point extreme, a nested column, a collated string.
+        So does a view with extremes over a source with deletion vectors, whose rows
+        a recompute would read and delta-rs does not."""
+        from deltalake.schema import PrimitiveType
+
+        kinds = dict(fields)
+        used = [(g, "group") for g in self.group_by]
+        used += [(a["column"], a["fn"]) for a in self.aggregates if a["column"] is not None]
+        for column, role in used:
+            kind = kinds.get(column)
+            if kind is None:
+                return f"column {column!r} is named otherwise in the source"
+            if not isinstance(kind, PrimitiveType):
+                return f"column {column} is of a nested type"
+            name = kind.type
+            if role == "group" and name in _FLOATING:
+                return f"group column {column} is of type {name}"
+            if role in ("sum", "avg") and name not in _INTEGRAL | _FLOATING:
+                return f"{role}({column}) of type {name} is typed by Spark's rules"
+            if role in ("min", "max") and name in _FLOATING:
+                return f"{role}({column}) of type {name} orders NaN as Spark does"
+        key = self.context.key
+        source = self.context.locate(key.database, key.table)
+        table = native.open_table(source.location(), self.context.storage)
+        named = {c for c, _ in used}
+        collated = [
+            f.name for f in table.schema().fields if f.name in named and f.metadata.get(_COLLATIONS)
+        ]
+        if collated:
+            return f"column(s) {collated} have a collation"
+        reader, _ = native.features(table)
+        if self._extremes() and "deletionVectors" in reader:
+            return "the source has deletion vectors, which a recompute of an extreme reads"
+        return None
+
+    def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
+        """The same change of the view with delta-rs, in the driver: the groups' deltas
+        and new rows in Python (:mod:`~lakeprop.consumers.aggregate_rows`), a
+        recomputed extreme read from the source at ``to_version``, then one MERGE
+        carrying the job's transaction; the changes it applied already (a replay
+        after a crash) are skipped, as on Spark."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from deltalake import CommitProperties, Transaction
+
+        target = self.require_target()
+        table = native.open_table(target.location(), self.context.storage)
+        applied = table.transaction_version(self.context.txn_app_id)
+        if applied is not None and applied >= to_version:
+            return 0  # written before a crash: the watermark catches up
+        if applied is not None and applied > from_version:
+            changes = changes.filter(pc.greater(changes["_commit_version"], applied))
+        if changes.num_rows == 0:
+            return 0
+        native.check_columns(table, self.written_columns())
+        shape = self._arithmetic()
+        read = [*dict.fromkeys([*self.group_by, *self.source_columns(self.context.options)])]
+        moved = aggregate_rows.deltas(shape, changes.select([*read, "_change_type"]).to_pylist())
+        schema = pa.schema(table.schema().to_arrow())
+        current = self._current(table, schema, list(moved))
+        new: dict[aggregate_rows.Group, dict[str, Any]] = {}
+        flagged = []
+        for group, delta in moved.items():
+            row, recompute = aggregate_rows.moved(shape, group, delta, current.get(group))
+            new[group] = row
+            if recompute and (not self.group_by or row[ROWS] > 0):  # else it goes
+                flagged.append(group)
+        if flagged:
+            for group, exact in self._source_extremes(shape, flagged, to_version).items():
+                new[group].update(exact)
+        data = pa.Table.from_pylist(list(new.values()), schema=schema)
+        on = " AND ".join(
+            f"t.{native.quoted(g)} IS NOT DISTINCT FROM s.{native.quoted(g)}" for g in self.group_by
+        )
+        merge = table.merge(
+            data,
+            on or "TRUE",
+            source_alias="s",
+            target_alias="t",
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self.context.txn_app_id, to_version)]
+            ),
+        )
+        if self.group_by:  # a group whose last row went is no group any more
+            merge = (
+                merge.when_matched_delete(f"s.{ROWS} <= 0")
+                .when_matched_update_all()
+                .when_not_matched_insert_all(f"s.{ROWS} > 0")
+            )
+        else:  # one row, over no rows too
+            merge = merge.when_matched_update_all().when_not_matched_insert_all()
+        metrics = merge.execute()
+        return sum(
+            int(metrics.get(name) or 0)
+            for name in (
+                "num_target_rows_inserted",
+                "num_target_rows_updated",
+                "num_target_rows_deleted",
+            )
+        )
+
+    def _extremes(self) -> list[dict[str, Any]]:
+        return [a for a in self.aggregates if a["fn"] in ("min", "max")]
+
+    def _arithmetic(self) -> aggregate_rows.Shape:
+        return aggregate_rows.Shape(tuple(self.group_by), tuple(self.aggregates))
+
+    def _current(
+        self, table: DeltaTable, schema: pa.Schema, groups: list[aggregate_rows.Group]
+    ) -> dict[aggregate_rows.Group, dict[str, Any]]:
+        """The view's rows of ``groups``, by group (read with a filter on the group
+        columns, then matched exactly)."""
+        found = _filtered(table, None, self._of_groups(schema, groups))
+        return {tuple(r[g] for g in self.group_by): r for r in native.plain(found).to_pylist()}
+
+    def _of_groups(self, schema: pa.Schema, groups: list[aggregate_rows.Group]) -> Any:
+        """A filter that keeps the rows of ``groups`` (and perhaps a few more: each
+        column's values are matched apart); None without ``group_by``."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        condition = None
+        for i, column in enumerate(self.group_by):
+            values = {group[i] for group in groups}
+            present = [v for v in values if v is not None]
+            field = pc.field(column)
+            kept = field.isin(pa.array(present, type=schema.field(column).type))
+            if None in values:
+                kept = kept | field.is_null()
+            condition = kept if condition is None else condition & kept
+        return condition
+
+    def _source_extremes(
+        self, shape: aggregate_rows.Shape, groups: list[aggregate_rows.Group], version: int
+    ) -> dict[aggregate_rows.Group, dict[str, Any]]:
+        """Each extreme of ``groups`` over the source's rows at ``version``, read with
+        delta-rs (no rules apply: a job with rules runs on Spark)."""
+        import pyarrow as pa
+
+        key = self.context.key
+        source = native.open_table(
+            self.context.locate(key.database, key.table).location(), self.context.storage
+        )
+        source.load_as_version(version)
+        schema = pa.schema(source.schema().to_arrow())
+        columns = [*dict.fromkeys([*self.group_by, *(a["column"] for a in self._extremes())])]
+        found = _filtered(source, columns, self._of_groups(schema, groups))
+        return aggregate_rows.extremes_of(shape, native.plain(found).to_pylist(), groups)
+
+
+def _filtered(table: DeltaTable, columns: list[str] | None, condition: Any) -> pa.Table:
+    """``table``'s rows that may meet ``condition`` (None: every row): with the filter
+    pushed down to its files where pyarrow can compare the files' statistics with it
+    (it fails on some string columns of files delta-rs wrote, whose statistics come
+    as another string type), else every row (the caller matches each one exactly)."""
+    import pyarrow as pa
+
+    if condition is not None:
+        try:
+            return table.to_pyarrow_table(columns=columns, filters=condition)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            log.debug("%s read whole, its filter fails on its statistics: %s", table, exc)
+    return table.to_pyarrow_table(columns=columns)
