@@ -713,8 +713,12 @@ gc_retention = "4s"
                 self.register(
                     JobKey(1, "chaos", table, f"{kind[:4]}_base"), kind, {"kind": "default"}
                 )
-        # and one greedy replica, alone in its iterations: small tails on the native path
+        # and a greedy replica and aggregate view, each alone in its iterations on its
+        # table: small tails on the native path
         self.register(JobKey(1, "chaos", "orders", "greedy_base"), "replica", {"kind": "greedy"})
+        self.register(
+            JobKey(1, "chaos", "notes", "aggr_greedy_base"), "aggregate_view", {"kind": "greedy"}
+        )
         # a two-step chain: an aggregate view of the replica's target, with a drop rule
         self.register(
             JobKey(1, "chaos", CHAIN_SOURCE, "aggr_chain_base"),

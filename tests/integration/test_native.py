@@ -52,10 +52,11 @@ JOBS = {
 }
 VIEWS = {
     "per_g": ["g"],
+    "per_g_and_v": ["g", "v"],
     "whole": [],
 }
-"""Aggregate views of ``v`` (every function), by ``g`` (a NULL group among them) and
-over the whole table."""
+"""Aggregate views of ``v`` (every function): by ``g`` (a NULL group among them), by
+two columns, and over the whole table."""
 
 
 def source_table(spark: SparkSession, warehouse: Path) -> str:

@@ -128,10 +128,11 @@ def moved(
 
 
 def extremes_of(
-    shape: Shape, rows: Iterable[Mapping[str, Any]], groups: Sequence[Group]
+    shape: Shape, rows: Iterable[Mapping[str, Any]], groups: Sequence[Group], named: bool = False
 ) -> dict[Group, dict[str, Any]]:
     """Per group of ``groups``, each extreme over the source ``rows`` of that group
-    (a group without rows gets NULLs)."""
+    (a group without rows gets NULLs). With ``named`` the rows are per group already,
+    each extreme under its alias."""
     wanted = set(groups)
     found: dict[Group, dict[str, Any]] = {g: {} for g in groups}
     for row in rows:
@@ -140,5 +141,6 @@ def extremes_of(
             continue
         for a in shape.extremes:
             alias = a["as"]
-            found[group][alias] = _pick(a["fn"], found[group].get(alias), row[a["column"]])
+            value = row[alias if named else a["column"]]
+            found[group][alias] = _pick(a["fn"], found[group].get(alias), value)
     return {g: {a["as"]: found[g].get(a["as"]) for a in shape.extremes} for g in groups}

@@ -58,6 +58,9 @@ _ALLOWED = {"group_by", "aggregates", *TARGET_OPTIONS}
 _FUNCTIONS = {"count", "sum", "avg", "min", "max"}
 _INTEGRAL = {"byte", "short", "integer", "long"}
 _FLOATING = {"float", "double"}
+RECOMPUTE_ROWS = 1_000_000
+"""The most source rows over which a view with a minimum or maximum takes the native
+path: recomputing an extreme there reads the group's rows into the driver."""
 _COLLATIONS = "__COLLATIONS"
 """The field metadata in which Delta keeps a string column's collation."""
 _sum_col, _count_col = aggregate_rows.sum_column, aggregate_rows.count_column
@@ -342,10 +345,11 @@ class AggregateViewConsumer(Consumer):
     def why_not_native(self, fields: Sequence[tuple[str, Any]]) -> str | None:
         """Columns whose values Python groups, sums or orders otherwise than Spark stay
         on Spark: a floating-point group column (Spark groups its NaN and -0.0), a
-        sum or average of anything but integers and floats (decimals round as Spark
-        types them), a floating-point extreme, a nested column, a collated string.
-        So does a view with extremes over a source with deletion vectors, whose rows
-        a recompute would read and delta-rs does not."""
+        sum, average or count of anything but integers and floats (decimals round as
+        Spark types them; a count keeps a sum), a floating-point extreme, a nested
+        column, a collated string, a timestamp partition column. So does a view with
+        extremes over a source with deletion vectors (whose rows a recompute reads,
+        and delta-rs does not) or of more than :data:`RECOMPUTE_ROWS` rows."""
         from deltalake.schema import PrimitiveType
 
         kinds = dict(fields)
@@ -360,22 +364,45 @@ class AggregateViewConsumer(Consumer):
             name = kind.type
             if role == "group" and name in _FLOATING:
                 return f"group column {column} is of type {name}"
-            if role in ("sum", "avg") and name not in _INTEGRAL | _FLOATING:
+            if role in ("sum", "avg", "count") and name not in _INTEGRAL | _FLOATING:
+                # a count of a column keeps its sum too (the view's bookkeeping)
                 return f"{role}({column}) of type {name} is typed by Spark's rules"
             if role in ("min", "max") and name in _FLOATING:
                 return f"{role}({column}) of type {name} orders NaN as Spark does"
+        return self._why_not_native_source({c for c, _ in used})
+
+    def _why_not_native_source(self, named: set[str]) -> str | None:
+        """What of the source keeps a tail on Spark (:meth:`why_not_native`)."""
+        import pyarrow as pa
+
         key = self.context.key
         source = self.context.locate(key.database, key.table)
         table = native.open_table(source.location(), self.context.storage)
-        named = {c for c, _ in used}
         collated = [
             f.name for f in table.schema().fields if f.name in named and f.metadata.get(_COLLATIONS)
         ]
         if collated:
             return f"column(s) {collated} have a collation"
-        reader, _ = native.features(table)
-        if self._extremes() and "deletionVectors" in reader:
-            return "the source has deletion vectors, which a recompute of an extreme reads"
+        stamped = [
+            f.name
+            for f in table.schema().fields
+            if f.name in named
+            and f.name in table.metadata().partition_columns
+            and getattr(f.type, "type", "") in ("timestamp", "timestamp_ntz")
+        ]
+        if stamped:  # a partition value without a zone: delta-rs reads it as UTC
+            return f"the source is partitioned by timestamp column(s) {stamped}"
+        if self._extremes():  # a recomputed extreme reads the group's rows in the driver
+            reader, _ = native.features(table)
+            if "deletionVectors" in reader:
+                return "the source has deletion vectors, which a recompute of an extreme reads"
+            files = pa.table(table.get_add_actions(flatten=True))
+            counts = files.column("num_records").to_pylist() if files.num_rows else []
+            if any(c is None for c in counts) or sum(counts) > RECOMPUTE_ROWS:
+                return (
+                    f"a minimum or maximum over a source of more than {RECOMPUTE_ROWS} rows "
+                    "(or uncounted ones) is recomputed on Spark"
+                )
         return None
 
     def apply_changes_native(self, changes: pa.Table, from_version: int, to_version: int) -> int:
@@ -397,7 +424,8 @@ class AggregateViewConsumer(Consumer):
             changes = changes.filter(pc.greater(changes["_commit_version"], applied))
         if changes.num_rows == 0:
             return 0
-        native.check_columns(table, self.written_columns())
+        written = self.written_columns()
+        native.check_columns(table, written)
         shape = self._arithmetic()
         read = [*dict.fromkeys([*self.group_by, *self.source_columns(self.context.options)])]
         moved = aggregate_rows.deltas(shape, changes.select([*read, "_change_type"]).to_pylist())
@@ -413,10 +441,14 @@ class AggregateViewConsumer(Consumer):
         if flagged:
             for group, exact in self._source_extremes(shape, flagged, to_version).items():
                 new[group].update(exact)
-        data = pa.Table.from_pylist(list(new.values()), schema=schema)
+        data = pa.Table.from_pylist(list(new.values()), schema=schema).select(written)
+        # each conjunct in parentheses: delta-rs reads ``a IS NOT DISTINCT FROM b AND
+        # ...`` as ``a IS NOT DISTINCT FROM (b AND ...)``
         on = " AND ".join(
-            f"t.{native.quoted(g)} IS NOT DISTINCT FROM s.{native.quoted(g)}" for g in self.group_by
+            f"(t.{native.quoted(g)} IS NOT DISTINCT FROM s.{native.quoted(g)})"
+            for g in self.group_by
         )
+        values = {native.quoted(c): f"s.{native.quoted(c)}" for c in written}
         merge = table.merge(
             data,
             on or "TRUE",
@@ -429,11 +461,11 @@ class AggregateViewConsumer(Consumer):
         if self.group_by:  # a group whose last row went is no group any more
             merge = (
                 merge.when_matched_delete(f"s.{ROWS} <= 0")
-                .when_matched_update_all()
-                .when_not_matched_insert_all(f"s.{ROWS} > 0")
+                .when_matched_update(values)
+                .when_not_matched_insert(values, f"s.{ROWS} > 0")
             )
         else:  # one row, over no rows too
-            merge = merge.when_matched_update_all().when_not_matched_insert_all()
+            merge = merge.when_matched_update(values).when_not_matched_insert(values)
         metrics = merge.execute()
         return sum(
             int(metrics.get(name) or 0)
@@ -479,8 +511,10 @@ class AggregateViewConsumer(Consumer):
         self, shape: aggregate_rows.Shape, groups: list[aggregate_rows.Group], version: int
     ) -> dict[aggregate_rows.Group, dict[str, Any]]:
         """Each extreme of ``groups`` over the source's rows at ``version``, read with
-        delta-rs (no rules apply: a job with rules runs on Spark)."""
+        delta-rs (no rules apply: a job with rules runs on Spark), folded per group with
+        Arrow."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         key = self.context.key
         source = native.open_table(
@@ -489,8 +523,20 @@ class AggregateViewConsumer(Consumer):
         source.load_as_version(version)
         schema = pa.schema(source.schema().to_arrow())
         columns = [*dict.fromkeys([*self.group_by, *(a["column"] for a in self._extremes())])]
-        found = _filtered(source, columns, self._of_groups(schema, groups))
-        return aggregate_rows.extremes_of(shape, native.plain(found).to_pylist(), groups)
+        found = native.plain(_filtered(source, columns, self._of_groups(schema, groups)))
+        pairs = list(dict.fromkeys((a["column"], a["fn"]) for a in self._extremes()))
+        if self.group_by:  # Arrow groups NULLs together, and orders strings by bytes
+            folded = found.group_by(self.group_by).aggregate(pairs).to_pylist()
+        else:
+            folded = [{f"{c}_{fn}": getattr(pc, fn)(found[c]).as_py() for c, fn in pairs}]
+        per_group = [
+            {
+                **{g: row[g] for g in self.group_by},
+                **{a["as"]: row[f"{a['column']}_{a['fn']}"] for a in self._extremes()},
+            }
+            for row in folded
+        ]
+        return aggregate_rows.extremes_of(shape, per_group, groups, named=True)
 
 
 def _filtered(table: DeltaTable, columns: list[str] | None, condition: Any) -> pa.Table:
