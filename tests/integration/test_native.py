@@ -1,9 +1,10 @@
 """The native path: small tails MERGEd, and small snapshots written, by delta-rs in
 the driver, equal to Spark's.
 
-Every version of a replica, a secondary index and two aggregate views is compared
-whole with the source (or its aggregate) at the version it records, in both modes
-(``auto``: native where it can, ``spark``: never); one target is written by both
+Every version of a replica and a secondary index is compared whole with the source
+at the version it records, in both modes (``auto``: native where it can, ``spark``:
+never), and of three aggregate views with their query of the source natively; one
+target is written by both
 paths in turn; each fallback (a target with row tracking, a change set over the
 bound, storage delta-rs cannot reach) runs on Spark and ends equal; the running
 service records the path each iteration took.
@@ -84,7 +85,8 @@ def test_every_version_of_each_table_consumer_equals_its_query_of_the_source_in_
     workload.burst(3)
     settings = NativeSettings(mode=mode)
     consumers = {name: consumer for name, (consumer, _) in JOBS.items()}
-    for name, group_by in VIEWS.items():
+    views = VIEWS if mode == "auto" else {}  # on Spark: test_every_version's, and others
+    for name, group_by in views.items():
         options = {"group_by": group_by, "aggregates": aggregates_of("v")}
         consumers[name] = {"type": "aggregate_view", "options": options}
     drivers = {
@@ -116,7 +118,7 @@ def test_every_version_of_each_table_consumer_equals_its_query_of_the_source_in_
     )
     for name, driver in drivers.items():
         for sink, source in sorted(recorded_versions(driver.path(), driver.job_id).items()):
-            if name in VIEWS:
+            if name in views:
                 columns = [*VIEWS[name], *AGGREGATE_COLUMNS]
                 expected = aggregated(at(spark, path, source), VIEWS[name], "v")
             else:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+import pytest
+from deltalake.schema import ArrayType, PrimitiveType
+
 from lakeprop.consumers.aggregate_rows import Shape, deltas, extremes_of, moved
+from lakeprop.consumers.aggregate_view import columns_refused, fold_extremes
 
 SHAPE = Shape(
     ("g",),
@@ -107,3 +112,46 @@ def test_without_group_by_the_view_is_one_group_over_every_row() -> None:
     row, recompute = moved(whole, (), moved_by[()], None)
     assert not recompute
     assert (row["n"], row["total"], row["mean"], row["low"], row["high"]) == (2, 5, 2.5, 2, 3)
+
+
+def test_the_fold_of_a_recompute_groups_nulls_together_whatever_the_columns_are_called() -> None:
+    """Arrow names an aggregate ``<column>_<fn>``: a group column called so too does
+    not take its place."""
+    rows = pa.table({"v_max": ["a", None, "a", None, "b"], "v": [1, 5, 3, None, 2]})
+    extremes = [
+        {"fn": "max", "column": "v", "as": "high"},
+        {"fn": "min", "column": "v", "as": "low"},
+    ]
+    folded = fold_extremes(rows, ["v_max"], extremes)
+    assert sorted(folded, key=lambda r: str(r["v_max"])) == [
+        {"v_max": None, "high": 5, "low": 5},
+        {"v_max": "a", "high": 3, "low": 1},
+        {"v_max": "b", "high": 2, "low": 2},
+    ]
+    assert fold_extremes(rows, [], extremes) == [{"high": 5, "low": 1}]
+
+
+@pytest.mark.parametrize(
+    ("used", "refusal"),
+    [
+        ([("g", "group"), ("v", "sum"), ("v", "max")], None),
+        ([("f", "group")], "group column f is of type double"),
+        ([("d", "avg")], "avg(d) of type decimal(10,2) is typed by Spark's rules"),
+        ([("g", "count")], "count(g) of type string is typed by Spark's rules"),
+        ([("f", "min")], "min(f) of type double orders NaN as Spark does"),
+        ([("G", "group")], "column 'G' is named otherwise in the source"),
+        ([("tags", "group")], "column tags is of a nested type"),
+        ([("g", "max"), ("d", "min"), ("f", "sum")], None),
+    ],
+)
+def test_columns_python_would_read_otherwise_than_spark_keep_a_view_on_spark(
+    used: list[tuple[str, str]], refusal: str | None
+) -> None:
+    kinds = {
+        "g": PrimitiveType("string"),
+        "v": PrimitiveType("integer"),
+        "f": PrimitiveType("double"),
+        "d": PrimitiveType("decimal(10,2)"),
+        "tags": ArrayType(PrimitiveType("string")),
+    }
+    assert columns_refused(used, kinds) == refusal

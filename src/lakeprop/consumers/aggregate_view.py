@@ -58,6 +58,8 @@ _ALLOWED = {"group_by", "aggregates", *TARGET_OPTIONS}
 _FUNCTIONS = {"count", "sum", "avg", "min", "max"}
 _INTEGRAL = {"byte", "short", "integer", "long"}
 _FLOATING = {"float", "double"}
+NATIVE_VIEW_ROWS = 1_000_000
+"""The most rows a view may hold for its tails to take the native path."""
 RECOMPUTE_ROWS = 1_000_000
 """The most source rows over which a view with a minimum or maximum takes the native
 path: recomputing an extreme there reads the group's rows into the driver."""
@@ -350,26 +352,25 @@ class AggregateViewConsumer(Consumer):
         column, a collated string, a timestamp partition column. So does a view with
         extremes over a source with deletion vectors (whose rows a recompute reads,
         and delta-rs does not) or of more than :data:`RECOMPUTE_ROWS` rows."""
-        from deltalake.schema import PrimitiveType
-
-        kinds = dict(fields)
         used = [(g, "group") for g in self.group_by]
         used += [(a["column"], a["fn"]) for a in self.aggregates if a["column"] is not None]
-        for column, role in used:
-            kind = kinds.get(column)
-            if kind is None:
-                return f"column {column!r} is named otherwise in the source"
-            if not isinstance(kind, PrimitiveType):
-                return f"column {column} is of a nested type"
-            name = kind.type
-            if role == "group" and name in _FLOATING:
-                return f"group column {column} is of type {name}"
-            if role in ("sum", "avg", "count") and name not in _INTEGRAL | _FLOATING:
-                # a count of a column keeps its sum too (the view's bookkeeping)
-                return f"{role}({column}) of type {name} is typed by Spark's rules"
-            if role in ("min", "max") and name in _FLOATING:
-                return f"{role}({column}) of type {name} orders NaN as Spark does"
-        return self._why_not_native_source({c for c, _ in used})
+        refused = columns_refused(used, dict(fields))
+        if refused is not None:
+            return refused
+        return self._why_not_native_source({c for c, _ in used}) or self._why_not_native_view()
+
+    def _why_not_native_view(self) -> str | None:
+        """A view of more than :data:`NATIVE_VIEW_ROWS` rows (by its files' counts)
+        stays on Spark: a tail reads the rows of its groups into the driver, and
+        perhaps every row (where the group filter cannot use the files' statistics)."""
+        import pyarrow as pa
+
+        table = native.open_table(self.target.location(), self.context.storage)
+        files = pa.table(table.get_add_actions(flatten=True))
+        counts = files.column("num_records").to_pylist() if files.num_rows else []
+        if any(c is None for c in counts) or sum(counts) > NATIVE_VIEW_ROWS:
+            return f"the view has more than {NATIVE_VIEW_ROWS} rows (or uncounted ones)"
+        return None
 
     def _why_not_native_source(self, named: set[str]) -> str | None:
         """What of the source keeps a tail on Spark (:meth:`why_not_native`)."""
@@ -466,15 +467,7 @@ class AggregateViewConsumer(Consumer):
             )
         else:  # one row, over no rows too
             merge = merge.when_matched_update(values).when_not_matched_insert(values)
-        metrics = merge.execute()
-        return sum(
-            int(metrics.get(name) or 0)
-            for name in (
-                "num_target_rows_inserted",
-                "num_target_rows_updated",
-                "num_target_rows_deleted",
-            )
-        )
+        return native.rows_changed(merge.execute())
 
     def _extremes(self) -> list[dict[str, Any]]:
         return [a for a in self.aggregates if a["fn"] in ("min", "max")]
@@ -514,7 +507,6 @@ class AggregateViewConsumer(Consumer):
         delta-rs (no rules apply: a job with rules runs on Spark), folded per group with
         Arrow."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         key = self.context.key
         source = native.open_table(
@@ -524,18 +516,7 @@ class AggregateViewConsumer(Consumer):
         schema = pa.schema(source.schema().to_arrow())
         columns = [*dict.fromkeys([*self.group_by, *(a["column"] for a in self._extremes())])]
         found = native.plain(_filtered(source, columns, self._of_groups(schema, groups)))
-        pairs = list(dict.fromkeys((a["column"], a["fn"]) for a in self._extremes()))
-        if self.group_by:  # Arrow groups NULLs together, and orders strings by bytes
-            folded = found.group_by(self.group_by).aggregate(pairs).to_pylist()
-        else:
-            folded = [{f"{c}_{fn}": getattr(pc, fn)(found[c]).as_py() for c, fn in pairs}]
-        per_group = [
-            {
-                **{g: row[g] for g in self.group_by},
-                **{a["as"]: row[f"{a['column']}_{a['fn']}"] for a in self._extremes()},
-            }
-            for row in folded
-        ]
+        per_group = fold_extremes(found, self.group_by, self._extremes())
         return aggregate_rows.extremes_of(shape, per_group, groups, named=True)
 
 
@@ -550,5 +531,63 @@ def _filtered(table: DeltaTable, columns: list[str] | None, condition: Any) -> p
         try:
             return table.to_pyarrow_table(columns=columns, filters=condition)
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
-            log.debug("%s read whole, its filter fails on its statistics: %s", table, exc)
+            log.info("%s read whole, its filter fails on its statistics: %s", table, exc)
     return table.to_pyarrow_table(columns=columns)
+
+
+def columns_refused(used: Sequence[tuple[str, str]], kinds: Mapping[str, Any]) -> str | None:
+    """Why a view's columns (name, role: ``group`` or the aggregate's function) keep
+    its tails on Spark, by their delta-rs types ``kinds`` (by name); None when none
+    does (:meth:`AggregateViewConsumer.why_not_native`)."""
+    from deltalake.schema import PrimitiveType
+
+    for column, role in used:
+        kind = kinds.get(column)
+        if kind is None:
+            return f"column {column!r} is named otherwise in the source"
+        if not isinstance(kind, PrimitiveType):
+            return f"column {column} is of a nested type"
+        name = kind.type
+        if role == "group" and name in _FLOATING:
+            return f"group column {column} is of type {name}"
+        if role in ("sum", "avg", "count") and name not in _INTEGRAL | _FLOATING:
+            # a count of a column keeps its sum too (the view's bookkeeping)
+            return f"{role}({column}) of type {name} is typed by Spark's rules"
+        if role in ("min", "max") and name in _FLOATING:
+            return f"{role}({column}) of type {name} orders NaN as Spark does"
+    return None
+
+
+def fold_extremes(
+    rows: pa.Table, group_by: Sequence[str], extremes: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per group of ``rows`` (every row, without ``group_by``), each extreme under its
+    alias, folded with Arrow: NULLs group together, strings order by their bytes, as
+    Spark's do. The columns are folded under names of their own, since Arrow names
+    an aggregate ``<input>_<fn>``, which a group column may be called too."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pairs = list(dict.fromkeys((a["column"], a["fn"]) for a in extremes))
+    inputs = pa.table(
+        {
+            **{f"_lp_g{i}": rows[g] for i, g in enumerate(group_by)},
+            **{f"_lp_x{j}": rows[c] for j, (c, _) in enumerate(pairs)},
+        }
+    )
+    slot = {pair: f"_lp_x{j}_{pair[1]}" for j, pair in enumerate(pairs)}
+    if group_by:
+        keys = [f"_lp_g{i}" for i in range(len(group_by))]
+        aggregates = [(f"_lp_x{j}", fn) for j, (_, fn) in enumerate(pairs)]
+        folded = inputs.group_by(keys).aggregate(aggregates).to_pylist()
+    else:
+        folded = [
+            {slot[p]: getattr(pc, p[1])(inputs[f"_lp_x{j}"]).as_py() for j, p in enumerate(pairs)}
+        ]
+    return [
+        {
+            **{g: row[f"_lp_g{i}"] for i, g in enumerate(group_by)},
+            **{a["as"]: row[slot[(a["column"], a["fn"])]] for a in extremes},
+        }
+        for row in folded
+    ]

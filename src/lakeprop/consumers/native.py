@@ -245,6 +245,11 @@ def merge_changes(
         .when_not_matched_insert(values, "s._change_type != 'delete'")
         .execute()
     )
+    return rows_changed(metrics)
+
+
+def rows_changed(metrics: Mapping[str, Any]) -> int:
+    """The target rows a delta-rs MERGE inserted, updated or deleted, by its metrics."""
     return sum(
         int(metrics.get(name) or 0)
         for name in (
