@@ -675,6 +675,7 @@ gc_retention = "4s"
     def driver(self, point: str | None) -> Callable[[], None]:
         drivers: dict[str, Callable[[], None]] = {
             "batch.decoded": self.update_some_job,
+            "batch.recorded": self.update_some_job,
             "catalog.written": self.update_some_job,
             "history.written": self.commit_shared,
             "iteration.before_write": self.commit_shared,

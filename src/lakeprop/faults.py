@@ -41,6 +41,7 @@ GATE_ENV = "LAKEPROP_FAULTS_GATE"
 
 POINTS = {
     "batch.decoded": "a change log batch is decoded, nothing of it written yet",
+    "batch.recorded": "a change log batch's verdicts are written, the catalog not yet",
     "catalog.written": "a micro-batch wrote the catalog, the checkpoint not yet committed",
     "history.written": "finished iterations are in the history, their watermarks not yet",
     "iteration.before_write": "an iteration read its changes, no consumer wrote yet",

@@ -6,18 +6,20 @@ import json
 from dataclasses import replace
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from devkit.harness import cli_settings, make_source, run_once
 from devkit.kafka import read_topic
 from devkit.specs import replica_spec
-from lakeprop import cli
+from lakeprop import cli, faults
 from lakeprop.changelog import JOB_PARTITION
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig, EngineConfig, KafkaConfig
 from lakeprop.dev.localkafka import free_port
-from lakeprop.errors import DeliveryError, InvalidSpecError
+from lakeprop.errors import DeliveryError, InvalidSpecError, TemporaryError
 from lakeprop.spec import JobKey
+from lakeprop.state.status import JobState
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +74,36 @@ def test_every_job_message_goes_to_the_job_partition_in_order(app_config: AppCon
         ("unregister", receipts[2].request_id),
         ("update_spec", receipts[3].request_id),
     ]
+
+
+def test_an_applied_verdict_is_returned_once_the_catalog_shows_it_too(
+    spark: SparkSession, app_config: AppConfig
+) -> None:
+    """Verdicts are written before their micro-batch's catalog commit (a replay keeps
+    them): a wait that returned on the verdict alone would let the next read miss
+    the change it reports."""
+    make_source(spark, app_config, "shop", "items")
+    client = LakepropClient(app_config.kafka, app_config.state, spark)
+    registered = client.register_job(KEY, replica_spec())
+    faults.arm("batch.recorded=raise")
+    try:
+        with pytest.raises(StreamingQueryException, match=r"injected fault at batch\.recorded"):
+            run_once(spark, app_config)
+        assert "batch.recorded" in faults.fired()
+    finally:
+        faults.disarm()
+    assert client.request_outcome(registered.request_id, registered)["outcome"] == "applied"
+    with pytest.raises(TemporaryError, match=r"the catalog does not show job 3/shop\.items/copy"):
+        client.wait_for_outcome(registered, timeout=0)
+
+    paused = client.pause_job(KEY)
+    again = client.pause_job(KEY)  # applied, and changes nothing but the message it records
+    run_once(spark, app_config)  # the replay keeps the verdict and commits the catalog
+    assert client.wait_for_outcome(registered, timeout=0)["detail"] == "registered"
+    assert client.wait_for_outcome(paused, timeout=0)["detail"] == "paused"
+    assert client.wait_for_outcome(again, timeout=0)["detail"] == "already paused"
+    (job,) = client.list_jobs()
+    assert (job.key, job.state) == (KEY, JobState.PAUSED)
 
 
 def test_cli_register_update_status_list_unregister(

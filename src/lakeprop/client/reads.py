@@ -14,12 +14,14 @@ only after a new commit to it.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
 from lakeprop.bulk.model import BulkOperation, BulkTask
+from lakeprop.changelog import Operation
 from lakeprop.client.lake import storage_of
 from lakeprop.client.log import Receipt
 from lakeprop.client.scans import Condition, LakeScan, Query, Scan, SparkScan, eq
@@ -327,10 +329,14 @@ class StateReader:
     ) -> dict[str, Any]:
         """Block until the service has applied (or rejected) the request.
 
-        The requests table is read again only after a new commit to it.
+        The requests table is read again only after a new commit to it. A job
+        request's verdict is written before the catalog commit of its micro-batch
+        (a replay keeps it), so an ``applied`` one is returned once the catalog
+        shows the message too: what the client reads next includes it.
         ``progress`` hears how long it has waited, every few seconds.
         """
         tell = Progress(progress)
+        deadline = time.monotonic() + timeout
         outcome = poll_until(
             self._watches(REQUESTS_TABLE),
             lambda: self.request_outcome(receipt.request_id, receipt),
@@ -345,7 +351,45 @@ class StateReader:
             progress=lambda _: tell(f"waiting for the service's verdict on {receipt.request_id}"),
         )
         assert outcome is not None
+        if outcome["outcome"] == "applied" and outcome.get("job_name") is not None:
+            self._wait_for_catalog(receipt, outcome, max(deadline - time.monotonic(), 0.0), poll)
         return outcome
+
+    def _wait_for_catalog(
+        self, receipt: Receipt, outcome: dict[str, Any], timeout: float, poll: float
+    ) -> None:
+        """Until a catalog row of the request's job was written by its message or a
+        later one (every applied job message writes the row it names), or, for an
+        unregister, no row of the job is left (garbage-collected)."""
+        gone_is_done = outcome.get("op") == Operation.UNREGISTER.value
+        key = JobKey(
+            outcome["account_id"], outcome["database"], outcome["table"], outcome["job_name"]
+        )
+        where = (
+            eq("account_id", key.account_id),
+            eq("database", key.database),
+            eq("table", key.table),
+            eq("job_name", key.job_name),
+        )
+        none: list[CatalogRow] = []
+        poll_until(
+            self._watches(CATALOG_TABLE),
+            lambda: self._catalog_rows(*where),
+            lambda rows: (
+                (gone_is_done and not rows)
+                or any(
+                    r.log_partition != receipt.partition or r.log_offset >= receipt.offset
+                    for r in rows
+                )
+            ),
+            lambda _: (
+                f"request {receipt.request_id} was applied, but the catalog does not show "
+                f"job {key} written by it within {timeout:.0f}s; is the service running?"
+            ),
+            initial=none,
+            timeout=timeout,
+            poll=poll,
+        )
 
     def source_version(self, database: str, table: str) -> int:
         """The current Delta version of a source table, resolved as the service does."""

@@ -291,6 +291,7 @@ class Runner:
         ours = self.handover.ours(verdicts)
         told = self.outcomes.maybe_recorded(ours, recorded)
         self.outcomes.record(ours, batch_id)
+        fault_point("batch.recorded")  # verdicts written, the catalog not yet
         self.observer.verdicts([v for v in ours if v.coordinates not in told])
         self.observer.verdicts([v for v in ours if v.coordinates in told], replayed=True)
         self.catalog.stage(result.upserts)

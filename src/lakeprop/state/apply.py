@@ -327,7 +327,8 @@ def _pause(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
 ) -> None:
     assert live is not None
-    if live.job_state == JobState.PAUSED:
+    if live.job_state == JobState.PAUSED:  # the row records the message all the same
+        ctx.put_touched(live, cmd)
         ctx.verdict(cmd, Outcome.APPLIED, "already paused", job_id=live.job_id)
         return
     ctx.put_touched(replace(live, job_state=JobState.PAUSED), cmd)
@@ -340,6 +341,7 @@ def _resume(
 ) -> None:
     assert live is not None
     if live.job_state != JobState.PAUSED:
+        ctx.put_touched(live, cmd)
         ctx.verdict(cmd, Outcome.APPLIED, "not paused", job_id=live.job_id)
         return
     ctx.put_touched(replace(live, job_state=JobState.COMPLETED), cmd)
@@ -405,7 +407,7 @@ def apply_commands(
     * pause sets the state ``paused`` and stops a running iteration: the job keeps
       its watermark and runs none until resume sets it ``completed`` again, from
       where it caught up from its watermark (pause of a paused job and resume of
-      a running one are applied and change nothing);
+      a running one are applied and change only the message the row records);
     * resync clears the watermark, bumps the consumer's ``generation`` (so no
       earlier progress in the history counts for it, after a restart either) and
       stops a running iteration: the next iteration is a snapshot at the
