@@ -93,11 +93,13 @@ def test_an_applied_verdict_is_returned_once_the_catalog_shows_it_too(
     finally:
         faults.disarm()
     assert client.request_outcome(registered.request_id, registered)["outcome"] == "applied"
-    with pytest.raises(TemporaryError, match=r"the catalog does not show job 3/shop\.items/copy"):
+    with pytest.raises(
+        TemporaryError, match=r"the catalog did not show job 3/shop\.items/copy written by it"
+    ):
         client.wait_for_outcome(registered, timeout=0)
 
     paused = client.pause_job(KEY)
-    again = client.pause_job(KEY)  # applied, and changes nothing but the message it records
+    again = client.pause_job(KEY)  # applied, and changes no row: nothing to wait for
     run_once(spark, app_config)  # the replay keeps the verdict and commits the catalog
     assert client.wait_for_outcome(registered, timeout=0)["detail"] == "registered"
     assert client.wait_for_outcome(paused, timeout=0)["detail"] == "paused"

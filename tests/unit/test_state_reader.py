@@ -119,6 +119,58 @@ def test_usage_from_an_hour_on_and_outcomes_of_one_message(scan: MemoryScan) -> 
     assert reader.wait_for_outcome(receipt, timeout=0) == verdicts[0]
 
 
+def verdict(
+    offset: int, op: str, job_id: int, detail: str, name: str = "late"
+) -> dict[str, object]:
+    return {
+        **{"request_id": f"r{offset}", "topic": "log", "partition": 0, "offset": offset},
+        **{"op": op, "account_id": 1, "database": "shop", "table": "items", "job_name": name},
+        **{"job_id": job_id, "outcome": "applied", "detail": detail},
+    }
+
+
+def test_an_applied_verdict_is_waited_for_until_the_catalog_shows_its_message(
+    scan: MemoryScan,
+) -> None:
+    """A verdict is written before its micro-batch's catalog commit: the wait returns an
+    applied one once the job's row carries the message (or a later one)."""
+    reader = StateReader(STATE, scan=scan)
+    requests, catalog = STATE.table_path(REQUESTS_TABLE), STATE.table_path(CATALOG_TABLE)
+
+    def wait(offset: int) -> dict[str, object]:
+        return reader.wait_for_outcome(Receipt(f"r{offset}", "log", 0, offset, T0), timeout=0)
+
+    registered = verdict(20, "register", 9, "registered")
+    scan.write(requests, [registered])
+    with pytest.raises(
+        TemporaryError,
+        match=r"r20 was applied, but the catalog did not show job 1/shop\.items/late written",
+    ):
+        wait(20)
+    scan.write(catalog, [catalog_row(job("late", 8, None, log_offset=19))])  # another job
+    with pytest.raises(TemporaryError, match="the catalog did not show job"):
+        wait(20)
+    scan.write(catalog, [catalog_row(job("late", 9, None, log_offset=20))])
+    assert wait(20) == registered
+
+    paused = verdict(21, "pause", 9, "paused")
+    again = verdict(22, "pause", 9, "already paused")  # changes no row: nothing to wait for
+    scan.write(requests, [paused, again])
+    assert wait(22) == again
+    with pytest.raises(TemporaryError, match="r21 was applied"):
+        wait(21)
+    scan.write(catalog, [catalog_row(job("late", 9, None, log_offset=23))])  # a later message
+    assert wait(21) == paused
+
+    collected = verdict(30, "resync", 4, "resync from a snapshot", name="gone")
+    scan.write(requests, [collected])  # its job's row is not there, nor its unregister
+    with pytest.raises(TemporaryError, match="r30 was applied"):
+        wait(30)
+    dropped = verdict(31, "unregister", 4, "unregistered", name="gone")
+    scan.write(requests, [dropped])  # the row was dropped and garbage-collected
+    assert (wait(30), wait(31)) == (collected, dropped)
+
+
 def test_a_wait_for_a_job_in_error_says_so(scan: MemoryScan) -> None:
     reader = StateReader(STATE, scan=scan)
     assert (

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from lakeprop.errors import (
 from lakeprop.pipeline.graph import Graph
 from lakeprop.spec import JobKey
 from lakeprop.state.accounts import AccountRow
+from lakeprop.state.apply import UNCHANGED
 from lakeprop.state.history import Reached, rolled_forward
 from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import JobState
@@ -331,8 +332,9 @@ class StateReader:
 
         The requests table is read again only after a new commit to it. A job
         request's verdict is written before the catalog commit of its micro-batch
-        (a replay keeps it), so an ``applied`` one is returned once the catalog
-        shows the message too: what the client reads next includes it.
+        (a replay keeps it), so an ``applied`` one that changed its job is returned
+        once the catalog shows the message too: what the client reads next
+        includes it.
         ``progress`` hears how long it has waited, every few seconds.
         """
         tell = Progress(progress)
@@ -351,17 +353,23 @@ class StateReader:
             progress=lambda _: tell(f"waiting for the service's verdict on {receipt.request_id}"),
         )
         assert outcome is not None
-        if outcome["outcome"] == "applied" and outcome.get("job_name") is not None:
-            self._wait_for_catalog(receipt, outcome, max(deadline - time.monotonic(), 0.0), poll)
+        if _writes_its_row(outcome):
+            left = max(deadline - time.monotonic(), 0.0)
+            self._wait_for_catalog(receipt, outcome, left, poll, timeout, tell)
         return outcome
 
     def _wait_for_catalog(
-        self, receipt: Receipt, outcome: dict[str, Any], timeout: float, poll: float
+        self,
+        receipt: Receipt,
+        outcome: dict[str, Any],
+        left: float,
+        poll: float,
+        timeout: float,
+        tell: Progress,
     ) -> None:
-        """Until a catalog row of the request's job was written by its message or a
-        later one (every applied job message writes the row it names), or, for an
-        unregister, no row of the job is left (garbage-collected)."""
-        gone_is_done = outcome.get("op") == Operation.UNREGISTER.value
+        """Until the catalog row of the request's job shows its message or a later one,
+        or, the row gone (garbage-collected), the job's unregister is recorded."""
+        job_id = outcome["job_id"]
         key = JobKey(
             outcome["account_id"], outcome["database"], outcome["table"], outcome["job_name"]
         )
@@ -370,26 +378,44 @@ class StateReader:
             eq("database", key.database),
             eq("table", key.table),
             eq("job_name", key.job_name),
+            eq("job_id", job_id),
         )
-        none: list[CatalogRow] = []
+
+        def shown() -> bool:
+            rows = self._catalog_rows(*where)
+            if not rows:
+                return self._unregistered_since(receipt, job_id)
+            # a row last written from another partition cannot be ordered against it
+            return any(
+                r.log_partition != receipt.partition or r.log_offset >= receipt.offset for r in rows
+            )
+
         poll_until(
-            self._watches(CATALOG_TABLE),
-            lambda: self._catalog_rows(*where),
-            lambda rows: (
-                (gone_is_done and not rows)
-                or any(
-                    r.log_partition != receipt.partition or r.log_offset >= receipt.offset
-                    for r in rows
-                )
-            ),
+            self._watches(CATALOG_TABLE, REQUESTS_TABLE),
+            shown,
+            lambda done: done,
             lambda _: (
-                f"request {receipt.request_id} was applied, but the catalog does not show "
-                f"job {key} written by it within {timeout:.0f}s; is the service running?"
+                f"request {receipt.request_id} was applied, but the catalog did not show job "
+                f"{key} written by it within {timeout:.0f}s; is the service running?"
             ),
-            initial=none,
-            timeout=timeout,
+            initial=False,
+            timeout=left,
             poll=poll,
+            progress=lambda _: tell(f"waiting for the catalog to show {receipt.request_id}"),
         )
+
+    def _unregistered_since(self, receipt: Receipt, job_id: int) -> bool:
+        """Whether an applied unregister of job ``job_id`` is recorded at or after the
+        message of ``receipt`` (its row may then be garbage-collected)."""
+        where = (
+            eq("topic", receipt.topic),
+            eq("partition", receipt.partition),
+            eq("job_id", job_id),
+            eq("op", Operation.UNREGISTER.value),
+            eq("outcome", "applied"),
+        )
+        rows = self._read(REQUESTS_TABLE, Query(where=where))
+        return any(r["offset"] >= receipt.offset for r in rows)
 
     def source_version(self, database: str, table: str) -> int:
         """The current Delta version of a source table, resolved as the service does."""
@@ -487,6 +513,18 @@ class StateReader:
         if self.scan.version(self._path(CATALOG_TABLE)) is None:
             return None
         return self.get_job_status(key, waiting=False)
+
+
+def _writes_its_row(outcome: Mapping[str, Any]) -> bool:
+    """Whether a verdict's message wrote its job's catalog row (in the micro-batch's
+    catalog commit, after the verdict): every applied job message but a pause of a
+    paused job and a resume of a running one."""
+    return (
+        outcome["outcome"] == "applied"
+        and outcome.get("job_name") is not None
+        and outcome.get("job_id") is not None
+        and outcome.get("detail") not in UNCHANGED
+    )
 
 
 def _where(job: JobInfo | None) -> str:

@@ -104,6 +104,12 @@ def not_in_cluster(command: BulkCommand) -> Verdict:
     )
 
 
+ALREADY_PAUSED, NOT_PAUSED = "already paused", "not paused"
+UNCHANGED = frozenset({ALREADY_PAUSED, NOT_PAUSED})
+"""The details of the applied verdicts that change no catalog row: every other
+applied job message writes the row of its job, with the message's coordinates."""
+
+
 def _already_applied(rows: Sequence[CatalogRow], record: LogRecord) -> bool:
     return any(r.log_partition == record.partition and r.log_offset >= record.offset for r in rows)
 
@@ -327,9 +333,8 @@ def _pause(
     ctx: _Applying, cmd: Command, live: CatalogRow | None, prior: RecordedVerdict | None
 ) -> None:
     assert live is not None
-    if live.job_state == JobState.PAUSED:  # the row records the message all the same
-        ctx.put_touched(live, cmd)
-        ctx.verdict(cmd, Outcome.APPLIED, "already paused", job_id=live.job_id)
+    if live.job_state == JobState.PAUSED:
+        ctx.verdict(cmd, Outcome.APPLIED, ALREADY_PAUSED, job_id=live.job_id)
         return
     ctx.put_touched(replace(live, job_state=JobState.PAUSED), cmd)
     ctx.result.cancel.add(live.row_id)
@@ -341,8 +346,7 @@ def _resume(
 ) -> None:
     assert live is not None
     if live.job_state != JobState.PAUSED:
-        ctx.put_touched(live, cmd)
-        ctx.verdict(cmd, Outcome.APPLIED, "not paused", job_id=live.job_id)
+        ctx.verdict(cmd, Outcome.APPLIED, NOT_PAUSED, job_id=live.job_id)
         return
     ctx.put_touched(replace(live, job_state=JobState.COMPLETED), cmd)
     ctx.verdict(cmd, Outcome.APPLIED, "resumed", job_id=live.job_id)
@@ -407,7 +411,7 @@ def apply_commands(
     * pause sets the state ``paused`` and stops a running iteration: the job keeps
       its watermark and runs none until resume sets it ``completed`` again, from
       where it caught up from its watermark (pause of a paused job and resume of
-      a running one are applied and change only the message the row records);
+      a running one are applied and change nothing);
     * resync clears the watermark, bumps the consumer's ``generation`` (so no
       earlier progress in the history counts for it, after a restart either) and
       stops a running iteration: the next iteration is a snapshot at the
