@@ -93,6 +93,15 @@ def test_jobs_come_with_the_watermarks_the_history_records(scan: MemoryScan) -> 
     assert reader.list_jobs(account_id=2) == []
 
 
+def test_a_job_s_status_carries_the_freshness_of_its_last_traced_write(scan: MemoryScan) -> None:
+    traced = run(8, T0.replace(minute=9), (1, 0))
+    traced["members"][0].update(origin_table="shop.raw", origin_at=T0.replace(minute=6))  # type: ignore[index]
+    scan.write(STATE.table_path(HISTORY_TABLE), [traced])
+    copy = StateReader(STATE, scan=scan).get_job_status(JobKey(1, "shop", "items", "copy"))
+    assert copy is not None
+    assert copy.freshness == {"origin": "shop.raw", "seconds": 180.0, "at": T0.replace(minute=9)}
+
+
 def test_without_state_the_reader_says_where_it_looked() -> None:
     reader = StateReader(STATE, scan=MemoryScan())
     with pytest.raises(StateNotFoundError, match="no job catalog at /state/catalog"):
@@ -154,13 +163,16 @@ def test_an_applied_verdict_is_waited_for_until_the_catalog_shows_its_message(
     assert wait(20) == registered
 
     paused = verdict(21, "pause", 9, "paused")
-    again = verdict(22, "pause", 9, "already paused")  # changes no row: nothing to wait for
+    again = verdict(22, "pause", 9, "already paused")  # changes no row, found it paused
     scan.write(requests, [paused, again])
-    assert wait(22) == again
+    with pytest.raises(TemporaryError, match="r22 was applied"):
+        wait(22)  # the pause it found is in memory only, in the same micro-batch
+    scan.write(catalog, [catalog_row(job("late", 9, None, log_partition=1, log_offset=40))])
     with pytest.raises(TemporaryError, match="r21 was applied"):
-        wait(21)
-    scan.write(catalog, [catalog_row(job("late", 9, None, log_offset=23))])  # a later message
-    assert wait(21) == paused
+        wait(21)  # a row written from another partition says nothing of this one's order
+    paused_row = job("late", 9, None, log_offset=21, job_state=JobState.PAUSED)
+    scan.write(catalog, [catalog_row(paused_row)])
+    assert (wait(21), wait(22)) == (paused, again)
 
     collected = verdict(30, "resync", 4, "resync from a snapshot", name="gone")
     scan.write(requests, [collected])  # its job's row is not there, nor its unregister

@@ -39,7 +39,7 @@ from lakeprop.errors import (
 from lakeprop.pipeline.graph import Graph
 from lakeprop.spec import JobKey
 from lakeprop.state.accounts import AccountRow
-from lakeprop.state.apply import UNCHANGED
+from lakeprop.state.apply import ALREADY_PAUSED, NOT_PAUSED
 from lakeprop.state.history import Reached, rolled_forward
 from lakeprop.state.job_row import CATALOG_SCHEMA, CatalogRow
 from lakeprop.state.status import JobState
@@ -171,7 +171,7 @@ class StateReader:
         if row.drop_at is not None:
             return None
         where = (eq("database", row.database), eq("table", row.table), eq("job_id", row.job_id))
-        columns = ("ended_at", "members")
+        columns = ("database", "table", "ended_at", "members")  # what it filters on too
         runs = self._read(HISTORY_TABLE, Query(columns, where, explode="members"))
         traced = [r for r in runs if r.get("origin_at") is not None]
         if not traced:
@@ -367,8 +367,11 @@ class StateReader:
         timeout: float,
         tell: Progress,
     ) -> None:
-        """Until the catalog row of the request's job shows its message or a later one,
-        or, the row gone (garbage-collected), the job's unregister is recorded."""
+        """Until the catalog row of the request's job shows its message or a later one
+        (on its partition: a row written from another cannot be ordered against it),
+        or the state in which a verdict that changed no row found the job (an
+        earlier message of its micro-batch may have set it), or, the row gone
+        (garbage-collected), the job's unregister is recorded."""
         job_id = outcome["job_id"]
         key = JobKey(
             outcome["account_id"], outcome["database"], outcome["table"], outcome["job_name"]
@@ -381,13 +384,16 @@ class StateReader:
             eq("job_id", job_id),
         )
 
+        claimed = _CLAIMS.get(outcome.get("detail") or "")
+
         def shown() -> bool:
             rows = self._catalog_rows(*where)
             if not rows:
                 return self._unregistered_since(receipt, job_id)
-            # a row last written from another partition cannot be ordered against it
             return any(
-                r.log_partition != receipt.partition or r.log_offset >= receipt.offset for r in rows
+                (r.log_partition == receipt.partition and r.log_offset >= receipt.offset)
+                or (claimed is not None and claimed(r.job_state))
+                for r in rows
             )
 
         poll_until(
@@ -396,7 +402,8 @@ class StateReader:
             lambda done: done,
             lambda _: (
                 f"request {receipt.request_id} was applied, but the catalog did not show job "
-                f"{key} written by it within {timeout:.0f}s; is the service running?"
+                f"{key} written by it within {timeout:.0f}s; is the service running (or was "
+                "the job dropped with another, and garbage-collected)?"
             ),
             initial=False,
             timeout=left,
@@ -515,15 +522,21 @@ class StateReader:
         return self.get_job_status(key, waiting=False)
 
 
+_CLAIMS: dict[str, Callable[[JobState], bool]] = {
+    ALREADY_PAUSED: lambda state: state is JobState.PAUSED,
+    NOT_PAUSED: lambda state: state is not JobState.PAUSED,
+}
+"""The state in which each applied verdict that changes no row found its job."""
+
+
 def _writes_its_row(outcome: Mapping[str, Any]) -> bool:
-    """Whether a verdict's message wrote its job's catalog row (in the micro-batch's
-    catalog commit, after the verdict): every applied job message but a pause of a
-    paused job and a resume of a running one."""
+    """Whether the catalog shows a verdict's message once its micro-batch's commit
+    (after the verdict) is in: every applied job message, in its job's row, but a
+    pause of a paused job and a resume of a running one, by the state they found."""
     return (
         outcome["outcome"] == "applied"
         and outcome.get("job_name") is not None
         and outcome.get("job_id") is not None
-        and outcome.get("detail") not in UNCHANGED
     )
 
 

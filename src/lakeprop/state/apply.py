@@ -105,7 +105,6 @@ def not_in_cluster(command: BulkCommand) -> Verdict:
 
 
 ALREADY_PAUSED, NOT_PAUSED = "already paused", "not paused"
-UNCHANGED = frozenset({ALREADY_PAUSED, NOT_PAUSED})
 """The details of the applied verdicts that change no catalog row: every other
 applied job message writes the row of its job, with the message's coordinates."""
 
