@@ -151,12 +151,7 @@ class StateReader:
         ``waiting=False`` leaves :attr:`JobInfo.waiting` unset and spares the read of
         every live job it takes, for callers that want the spec or the watermark
         only (a wait's polls, a search)."""
-        rows = self._catalog_rows(
-            eq("account_id", key.account_id),
-            eq("database", key.database),
-            eq("table", key.table),
-            eq("job_name", key.job_name),
-        )
+        rows = self._catalog_rows(*_of_job(key))
         best = current_row(rows)
         if best is None:
             return None
@@ -376,13 +371,7 @@ class StateReader:
         key = JobKey(
             outcome["account_id"], outcome["database"], outcome["table"], outcome["job_name"]
         )
-        where = (
-            eq("account_id", key.account_id),
-            eq("database", key.database),
-            eq("table", key.table),
-            eq("job_name", key.job_name),
-            eq("job_id", job_id),
-        )
+        where = (*_of_job(key), eq("job_id", job_id))
 
         claimed = _CLAIMS.get(outcome.get("detail") or "")
 
@@ -527,6 +516,16 @@ _CLAIMS: dict[str, Callable[[JobState], bool]] = {
     NOT_PAUSED: lambda state: state is not JobState.PAUSED,
 }
 """The state in which each applied verdict that changes no row found its job."""
+
+
+def _of_job(key: JobKey) -> tuple[Condition, ...]:
+    """The catalog rows of the jobs with this key."""
+    return (
+        eq("account_id", key.account_id),
+        eq("database", key.database),
+        eq("table", key.table),
+        eq("job_name", key.job_name),
+    )
 
 
 def _writes_its_row(outcome: Mapping[str, Any]) -> bool:
