@@ -348,7 +348,7 @@ class StateReader:
             progress=lambda _: tell(f"waiting for the service's verdict on {receipt.request_id}"),
         )
         assert outcome is not None
-        if _writes_its_row(outcome):
+        if _for_the_catalog(outcome):
             left = max(deadline - time.monotonic(), 0.0)
             self._wait_for_catalog(receipt, outcome, left, poll, timeout, tell)
         return outcome
@@ -372,7 +372,6 @@ class StateReader:
             outcome["account_id"], outcome["database"], outcome["table"], outcome["job_name"]
         )
         where = (*_of_job(key), eq("job_id", job_id))
-
         claimed = _CLAIMS.get(outcome.get("detail") or "")
 
         def shown() -> bool:
@@ -380,7 +379,7 @@ class StateReader:
             if not rows:
                 return self._unregistered_since(receipt, job_id)
             return any(
-                (r.log_partition == receipt.partition and r.log_offset >= receipt.offset)
+                r.shows(receipt.partition, receipt.offset)
                 or (claimed is not None and claimed(r.job_state))
                 for r in rows
             )
@@ -528,10 +527,11 @@ def _of_job(key: JobKey) -> tuple[Condition, ...]:
     )
 
 
-def _writes_its_row(outcome: Mapping[str, Any]) -> bool:
-    """Whether the catalog shows a verdict's message once its micro-batch's commit
-    (after the verdict) is in: every applied job message, in its job's row, but a
-    pause of a paused job and a resume of a running one, by the state they found."""
+def _for_the_catalog(outcome: Mapping[str, Any]) -> bool:
+    """Whether a verdict is one to wait for the catalog on: an applied job message,
+    which its micro-batch's catalog commit (after the verdict) shows in the job's
+    row, or, for a pause of a paused job and a resume of a running one, by the
+    state they found."""
     return (
         outcome["outcome"] == "applied"
         and outcome.get("job_name") is not None

@@ -110,7 +110,7 @@ applied job message writes the row of its job, with the message's coordinates.""
 
 
 def _already_applied(rows: Sequence[CatalogRow], record: LogRecord) -> bool:
-    return any(r.log_partition == record.partition and r.log_offset >= record.offset for r in rows)
+    return any(r.shows(record.partition, record.offset) for r in rows)
 
 
 @dataclass

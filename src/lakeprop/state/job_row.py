@@ -76,5 +76,10 @@ class CatalogRow:
     def touched_by(self, record: LogRecord) -> CatalogRow:
         return replace(self, log_partition=record.partition, log_offset=record.offset)
 
+    def shows(self, partition: int, offset: int) -> bool:
+        """Whether the row holds the message at (``partition``, ``offset``): it was last
+        written by that message or a later one of its partition."""
+        return self.log_partition == partition and self.log_offset >= offset
+
 
 CATALOG_SCHEMA = spark_schema(CatalogRow)
