@@ -44,6 +44,7 @@ class ErrorCode(IntEnum):
     SOURCE_COLUMN_MISSING = 10201
     SOURCE_REPLACED = 10202
     SOURCE_SCHEMA_CHANGED = 10203
+    SOURCE_FEED_OFF = 10204
     TARGET_MISSING = 10300
     CONSUMER_FAILED = 10400
     QUOTA_EXCEEDED = 10500
@@ -100,6 +101,8 @@ DESCRIPTIONS: dict[ErrorCode, str] = {
     "re-register the job",
     ErrorCode.SOURCE_SCHEMA_CHANGED: "the source's columns changed in a way its change feed "
     "cannot be read across (a column dropped or renamed, a type changed): resync the job",
+    ErrorCode.SOURCE_FEED_OFF: "a table a job follows beside its source (a join) has its "
+    "change feed off",
     ErrorCode.TARGET_MISSING: "the consumer's target table is missing: resync or re-register "
     "the job",
     ErrorCode.CONSUMER_FAILED: "a consumer failed in a way a retry will not fix (also: a write "

@@ -30,6 +30,7 @@ BUILT_INS = {
     "fulltext_index": "lakeprop.consumers.fulltext_index:FulltextIndexConsumer",
     "aggregate_view": "lakeprop.consumers.aggregate_view:AggregateViewConsumer",
     "kafka_changefeed": "lakeprop.consumers.kafka_changefeed:KafkaChangefeedConsumer",
+    "join_view": "lakeprop.consumers.join_view.consumer:JoinViewConsumer",
     "auto_cdc": "lakeprop.consumers.auto_cdc.consumer:AutoCdcConsumer",
     "vector_index": "lakeprop.consumers.vector_index.consumer:VectorIndexConsumer",
 }
@@ -69,6 +70,30 @@ class ConsumerType:
     """Checks the (validated) options against the source's schema (a Spark
     ``StructType``) with a session for Spark's parser and analyzer, at
     registration; raises InvalidConsumerOptionsError. Default: nothing more."""
+    joined_sources: Callable[[Mapping[str, Any]], list[JoinedSource]] = field(
+        default=lambda options: []
+    )
+    """The tables the (validated) options read beside the job's own source (a join):
+    each is checked at registration, and a commit on any of them makes the job due
+    (:meth:`~lakeprop.consumers.base.Consumer.joined_sources`). Default: none."""
+    own_source: Callable[[Mapping[str, Any]], tuple[str, str] | None] = field(
+        default=lambda options: None
+    )
+    """The (database, table) the options say the job must be registered on (a join's
+    first table), checked at registration; None: any."""
+
+
+@dataclass(frozen=True)
+class JoinedSource:
+    """A table a job reads beside its own source, and the columns it needs there."""
+
+    database: str
+    table: str
+    columns: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.database}.{self.table}"
 
 
 _REGISTRY: dict[str, ConsumerType] = {}
@@ -151,6 +176,8 @@ def _as_consumer_type(name: str, target: object) -> ConsumerType:
             factory=consumer,
             key_columns=consumer.key_columns,
             check_source=consumer.check_source,
+            joined_sources=consumer.joined_sources,
+            own_source=consumer.own_source,
             native=bool(consumer.native),
             native_snapshot=bool(getattr(consumer, "native_snapshot", False)),
             table_target=bool(getattr(consumer, "table_target", True)),

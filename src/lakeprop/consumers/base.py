@@ -64,7 +64,9 @@ from pyspark.sql.types import StructType
 from lakeprop.changes import Bounds, latest_change_per_key
 from lakeprop.consumers.options import CHANGE_FEED
 from lakeprop.errors import ErrorCode, InvalidConsumerOptionsError, PermanentError
+from lakeprop.registry import JoinedSource
 from lakeprop.spec import JobKey, target_table
+from lakeprop.state.status import JoinedMark
 from lakeprop.storage import Storage
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY
@@ -121,6 +123,13 @@ class ConsumerContext:
     its consumer type names (``Consumer.key_columns``), by lower-case column
     name; what :meth:`in_change_range` bounds a target by. None where the engine
     did not compute them (a snapshot, a context built outside the engine)."""
+    joined: dict[str, JoinedMark] = field(default_factory=dict, compare=False, hash=False)
+    """For a consumer with ``joined_sources``: the version (and identity) of each of
+    them its write reflects, by ``database.table``, set by the consumer; the job's
+    status keeps them, and the next iteration gets them back in ``joined_from``."""
+    joined_from: Mapping[str, JoinedMark] = field(default_factory=dict)
+    """What the job's last successful iteration left in ``joined`` (empty before its
+    first, and when a resync starts it over)."""
     set_aside: list[DataFrame] = field(default_factory=list, compare=False, hash=False)
     """What the consumer quarantined (:meth:`quarantine`), for the engine to write."""
 
@@ -290,6 +299,22 @@ class Consumer(ABC):
         where the column names of :meth:`source_columns` do not say enough (types,
         SQL expressions); raise InvalidConsumerOptionsError. ``spark`` is for Spark's
         parser and analyzer only: launch no job. Default: nothing more."""
+        return None
+
+    @classmethod
+    def joined_sources(cls, options: Mapping[str, Any]) -> list[JoinedSource]:
+        """Tables the (validated) options read beside the job's own source, with the
+        columns each must have (a join). Each is checked at registration; a commit
+        on any of them makes the job due, and its iteration tells the engine the
+        versions of them its write reflects (:attr:`ConsumerContext.joined`).
+        Default: none."""
+        return []
+
+    @classmethod
+    def own_source(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        """The (database, table) the options name as the job's own source (a join's
+        first table): registering the job on another table is refused. Default: None,
+        any table."""
         return None
 
     @classmethod

@@ -139,6 +139,9 @@ def read(
     other: whatever the failure, the change set is read again without them (that
     read alone decides what a failure to read means), and each member counts its
     rules itself, failing alone (``tallied`` stays None)."""
+    if plan.kind is IterationKind.TAIL and plan.from_version == plan.to_version:
+        # a tail of a job whose joined tables moved while its own source did not
+        return ChangeSet(_no_changes(source, plan.to_version), tallied={} if tallies else None)
     if plan.kind is IterationKind.TAIL and tallies:
         scans = result.source_scans
         try:
@@ -300,6 +303,18 @@ def column_changes(source: TableHandle, plan: IterationPlan) -> ColumnChanges:
         [c for c in before if c not in after],
         [(c, before[c], after[c]) for c in before if c in after and before[c] != after[c]],
         [c for c in after if c not in before],
+    )
+
+
+def _no_changes(source: TableHandle, version: int) -> DataFrame:
+    """An empty change set of the source at ``version``: its columns and the change
+    feed's, no rows (read by no Spark job)."""
+    rows = source.load(source.reader().option("versionAsOf", version)).limit(0)
+    return rows.select(
+        "*",
+        F.lit(None).cast("string").alias("_change_type"),
+        F.lit(None).cast("long").alias("_commit_version"),
+        F.lit(None).cast("timestamp").alias("_commit_timestamp"),
     )
 
 

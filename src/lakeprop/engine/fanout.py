@@ -49,6 +49,7 @@ def member_context(
         generation=consumer.generation,
         locate=lambda database, table: tables.handle(database, table, spark),
         cancelled=(lambda: token.cancelled) if token is not None else (lambda: False),
+        joined_from=job.joined_from,
         **path,
     )
 
@@ -71,6 +72,8 @@ def run_member(
         return result
     try:
         result.rows_written = call(get_consumer_type(info.type).factory(context))
+        if context.joined:
+            result.joined = dict(context.joined)
     except Exception as exc:
         result.error_code, result.error_msg = member_error(exc, token)
         log.warning(

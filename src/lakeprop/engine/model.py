@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -19,6 +19,7 @@ from lakeprop.errors import ErrorCode
 from lakeprop.pipeline.freshness import Origin, Written
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.history import IterationRecord, MemberRecord, RuleCount, consumer_digest
+from lakeprop.state.status import JoinedMark
 
 
 class IterationKind(str, Enum):
@@ -78,6 +79,9 @@ class MemberJob:
     member: Member
     key: JobKey
     spec: JobSpec
+    joined_from: Mapping[str, JoinedMark] = field(default_factory=dict)
+    """For a job reading tables beside its source: the versions of them its target
+    reflects, as its status keeps them (:attr:`ConsumerContext.joined_from`)."""
 
 
 class CancelToken:
@@ -121,6 +125,9 @@ class MemberResult:
     origin: Origin | None = None
     """For a job reading another job's target: the commit to its chain's first table
     its write reflects (:mod:`lakeprop.pipeline.freshness`)."""
+    joined: dict[str, JoinedMark] | None = None
+    """For a job reading tables beside its source (a join): the version of each its
+    write reflects (None: the consumer did not say, or the job reads none)."""
     wrote: Written | None = None
     """For a job whose target other jobs read: the version of the target its write
     left, and the origin that version reflects (the history keeps it for a restart)."""

@@ -20,12 +20,20 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from lakeprop.engine.dirty import DirtyTables
-from lakeprop.engine.model import IterationPlan, Retry, TableRef, source_gone
+from lakeprop.engine.model import (
+    IterationKind,
+    IterationPlan,
+    Member,
+    Retry,
+    TableRef,
+    source_gone,
+)
 from lakeprop.engine.triggers import JobView, eligible_at, is_eligible, plan_table, probe_from
 from lakeprop.errors import ErrorCode, SourceTableError
+from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobRef, JobSpec
 from lakeprop.state.job_row import CatalogRow
-from lakeprop.state.status import JobState, JobStatus
+from lakeprop.state.status import JobState, JobStatus, joined_marks
 from lakeprop.tables.resolve import Tables
 
 if TYPE_CHECKING:
@@ -112,7 +120,12 @@ class TriggerSelection:
         selected = Selected()
         due: list[tuple[TableRef, list[JobView], int | None]] = []
         by_table = self._views(rows, in_flight, retries)
-        self.watched = frozenset((t.database, t.table) for t in by_table)
+        self.watched = frozenset((t.database, t.table) for t in by_table) | frozenset(
+            tuple(name.split(".", 1))  # type: ignore[misc]
+            for views in by_table.values()
+            for view in views
+            for name, _, _ in view.joined
+        )
         for table, views in by_table.items():
             should, since = probe_from(views, now)
             name = (table.database, table.table)
@@ -129,7 +142,74 @@ class TriggerSelection:
             self._select_table(table, views, since, changed, rows, now, selected)
             members = {m.ref for p in selected.plans[planned:] for m in p.members}
             self._wants(table, views, members | set(selected.failed), now, selected)
+        self._joined_tails(by_table, now, selected)
         return selected
+
+    def _joined_tails(
+        self, by_table: Mapping[TableRef, list[JobView]], now: float, selected: Selected
+    ) -> None:
+        """An empty tail (its watermark to itself) for every eligible job not planned
+        this round whose joined tables moved past the versions its target reflects:
+        its iteration reads their changes (:meth:`Consumer.joined_sources`)."""
+        planned = {m.ref for p in selected.plans for m in p.members} | set(selected.failed)
+        for table, views in by_table.items():
+            for view in views:
+                if (
+                    not view.joined
+                    or view.watermark is None
+                    or view.ref in planned
+                    or not is_eligible(view, now)
+                    or not self._joined_moved(view)
+                ):
+                    continue
+                selected.plans.append(
+                    IterationPlan(
+                        table=table,
+                        kind=IterationKind.TAIL,
+                        to_version=view.watermark,
+                        members=(Member(view.ref, view.job_id, view.watermark),),
+                        priority=view.priority,
+                        planned_at=now,
+                    )
+                )
+                if view.ref in selected.fresh:
+                    selected.fresh.remove(view.ref)
+
+    def _joined_moved(self, view: JobView) -> bool:
+        """Whether a joined table of the job has a version its target does not reflect
+        (or cannot be found: its iteration then says so)."""
+        for _, location, version in view.joined:
+            if location is None or version is None:
+                return True
+            if self.probe.changed_since(location, version) is not False:
+                return True
+        return False
+
+    def _joined_of(
+        self, row: CatalogRow, spec: JobSpec
+    ) -> tuple[tuple[str, str | None, int | None], ...]:
+        """The tables the job reads beside its source, where they are, and the version
+        of each its status says its target reflects (:attr:`JobView.joined`)."""
+        consumer = spec.iteration.consumer
+        try:
+            sources = get_consumer_type(consumer.type).joined_sources(consumer.options)
+        except Exception as exc:
+            log.debug("no joined tables of job %s: %s", row.key, exc)
+            return ()
+        if not sources:
+            return ()
+        marks = joined_marks(row.job_status)
+        found: list[tuple[str, str | None, int | None]] = []
+        for source in sources:
+            ref = TableRef(row.account_id, source.database, source.table)
+            try:
+                location: str | None = self._location(ref)
+            except Exception as exc:
+                log.debug("joined table %s of job %s not found: %s", source.name, row.key, exc)
+                location = None
+            mark = marks.get(source.name)
+            found.append((source.name, location, None if mark is None else mark.version))
+        return tuple(found)
 
     def _wants(
         self,
@@ -190,6 +270,7 @@ class TriggerSelection:
                 in_flight=busy,
                 blocked_until=None if retry is None else retry.not_before,
                 failed=row.job_state == JobState.ERROR,
+                joined=self._joined_of(row, spec),
             )
             table = TableRef(row.account_id, row.database, row.table)
             self._views_of[ref] = (row, retry, busy, table, view)

@@ -51,6 +51,10 @@ class JobView:
     """Retry backoff: not eligible before this time."""
     failed: bool = False
     """In state ``error``: waits for a person (update_spec) before it runs again."""
+    joined: tuple[tuple[str, str | None, int | None], ...] = ()
+    """For a job that reads tables beside its source (a join): each one's name,
+    location (None: it cannot be found) and the version its target reflects (None:
+    not known, as after a resync)."""
 
 
 @dataclass

@@ -14,16 +14,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from lakeprop.engine.model import IterationResult, MemberResult, Retry
+from lakeprop.engine.model import IterationKind, IterationResult, MemberResult, Retry
 from lakeprop.engine.retry import retry_delay
 from lakeprop.errors import ErrorCode, is_temporary_code
 from lakeprop.spec import JobRef
 from lakeprop.state.job_row import CatalogRow
-from lakeprop.state.status import ConsumerStatus, JobState, JobStatus, RetryStatus
+from lakeprop.state.status import ConsumerStatus, JobState, JobStatus, RetryStatus, joined_marks
 
 
-def status_of(result: IterationResult, member: MemberResult, retry: Retry | None = None) -> str:
-    """The job status a member's result leaves (JSON of :class:`JobStatus`)."""
+def status_of(
+    result: IterationResult,
+    member: MemberResult,
+    retry: Retry | None = None,
+    before: str = "",
+) -> str:
+    """The job status a member's result leaves (JSON of :class:`JobStatus`); the
+    versions of the tables it joins are the member's, or, where it did not say (a
+    failure), those of the status ``before`` it, unless it ran a snapshot (which
+    starts them over)."""
+    joined = member.joined
+    if joined is None:
+        joined = {} if result.kind is IterationKind.SNAPSHOT and member.ok else joined_marks(before)
     return JobStatus(
         iteration_id=result.plan.iteration_id,
         kind=result.kind.value,
@@ -44,6 +55,7 @@ def status_of(result: IterationResult, member: MemberResult, retry: Retry | None
         else RetryStatus(retry.attempts, datetime.fromtimestamp(retry.not_before).isoformat()),
         path=result.path,
         path_note=result.path_note,
+        joined=joined,
     ).to_json()
 
 
@@ -76,11 +88,13 @@ def advance(
                     watermark=plan.to_version,
                     watermark_ts=datetime.fromtimestamp(plan.planned_at),
                     job_state=JobState.COMPLETED,
-                    job_status=status_of(result, member),
+                    job_status=status_of(result, member, before=row.job_status),
                 )
             elif member.error_code == ErrorCode.ITERATION_CANCELED:
                 changed[member.ref] = replace(
-                    row, job_state=JobState.CANCELED, job_status=status_of(result, member)
+                    row,
+                    job_state=JobState.CANCELED,
+                    job_status=status_of(result, member, before=row.job_status),
                 )
             elif is_temporary_code(member.error_code):
                 attempts = retries[member.ref].attempts + 1 if member.ref in retries else 1
@@ -89,12 +103,14 @@ def advance(
                 changed[member.ref] = replace(
                     row,
                     job_state=JobState.PENDING,
-                    job_status=status_of(result, member, retry),
+                    job_status=status_of(result, member, retry, row.job_status),
                 )
             else:
                 retries.pop(member.ref, None)
                 changed[member.ref] = replace(
-                    row, job_state=JobState.ERROR, job_status=status_of(result, member)
+                    row,
+                    job_state=JobState.ERROR,
+                    job_status=status_of(result, member, before=row.job_status),
                 )
     return {
         ref: replace(row, job_state=JobState.PAUSED)

@@ -76,7 +76,7 @@ from lakeprop.state import shared as shared_state
 from lakeprop.state.apply import apply_commands, decode_all, not_in_cluster
 from lakeprop.state.job_row import CatalogRow
 from lakeprop.state.outcomes import Outcome
-from lakeprop.state.status import JobState
+from lakeprop.state.status import JobState, joined_marks
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,13 @@ class Runner:
 
     def _submit(self, plan: IterationPlan, rows: dict[JobRef, CatalogRow]) -> None:
         jobs = [
-            MemberJob(m, rows[m.ref].key, self.selection.spec(rows[m.ref])) for m in plan.members
+            MemberJob(
+                m,
+                rows[m.ref].key,
+                self.selection.spec(rows[m.ref]),
+                joined_marks(rows[m.ref].job_status) if m.from_version is not None else {},
+            )
+            for m in plan.members
         ]
         self.scheduler.submit(
             plan,

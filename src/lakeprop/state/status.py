@@ -7,6 +7,7 @@ failed), with one canonical :meth:`JobStatus.to_json`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -46,6 +47,38 @@ class RetryStatus:
 
 
 @dataclass(frozen=True)
+class JoinedMark:
+    """A table a job reads beside its own source (a join), as its write reflects it:
+    the version, and the table's identity at that version (a table re-created under
+    the job starts over from version 0)."""
+
+    version: int
+    table_id: str
+
+    @classmethod
+    def of(cls, value: object) -> JoinedMark | None:
+        """The mark a status's JSON holds, or None for anything else."""
+        if not isinstance(value, dict):
+            return None
+        version, table_id = value.get("version"), value.get("table_id")
+        if isinstance(version, int) and not isinstance(version, bool) and isinstance(table_id, str):
+            return cls(version, table_id)
+        return None
+
+
+def joined_marks(job_status: str) -> dict[str, JoinedMark]:
+    """The ``joined`` marks a ``job_status`` JSON holds (none when it holds none)."""
+    try:
+        found = json.loads(job_status).get("joined") if job_status else None
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    marks = {str(name): JoinedMark.of(value) for name, value in found.items()}
+    return {name: mark for name, mark in marks.items() if mark is not None}
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """The ``job_status`` JSON: the last iteration of a job, or the error that stopped it."""
 
@@ -64,9 +97,16 @@ class JobStatus:
     """``spark`` or ``native``: where the iteration ran."""
     path_note: str = ""
     """Why a tail ran on Spark rather than natively."""
+    joined: dict[str, JoinedMark] = field(default_factory=dict)
+    """For a job that reads tables beside its source (a join): the version of each,
+    by ``database.table``, that its target reflects with ``to_version`` of its own.
+    Kept through failures: the next iteration reads each of them from there."""
 
     def to_json(self) -> str:
-        return canonical_json(asdict(self))
+        fields = asdict(self)
+        if not self.joined:  # the status of a job without joined tables, as before them
+            del fields["joined"]
+        return canonical_json(fields)
 
     @classmethod
     def failure(cls, code: int, message: str) -> JobStatus:

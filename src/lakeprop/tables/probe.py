@@ -31,6 +31,8 @@ class LogMetadata:
     columns: tuple[str, ...]
     schema_json: str = ""
     """The table's schema as Delta stores it (Spark's JSON form of a ``StructType``)."""
+    change_feed: bool = False
+    """Whether its Change Data Feed is on (``delta.enableChangeDataFeed``)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,9 @@ class DeltaLogProbe:
                     meta = json.loads(line)["metaData"]
                     schema = json.loads(meta["schemaString"])
                     columns = tuple(str(f["name"]) for f in schema["fields"])
-                    return LogMetadata(str(meta["id"]), columns, meta["schemaString"])
+                    configuration = meta.get("configuration") or {}
+                    change_feed = configuration.get("delta.enableChangeDataFeed") == "true"
+                    return LogMetadata(str(meta["id"]), columns, meta["schemaString"], change_feed)
         return None
 
     def change_rows(self, location: str, version: int) -> int | None:

@@ -12,7 +12,9 @@ re-registered.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
@@ -23,7 +25,7 @@ from lakeprop import expectations
 from lakeprop.config import TablesConfig
 from lakeprop.errors import ErrorCode, SourceTableError, TemporaryError
 from lakeprop.identifiers import qualified
-from lakeprop.registry import get_consumer_type
+from lakeprop.registry import ConsumerType, get_consumer_type
 from lakeprop.spec import JobKey, JobSpec
 from lakeprop.tables.conditions import check_condition
 from lakeprop.tables.probe import DeltaLogProbe
@@ -41,6 +43,8 @@ class SourceInfo:
     columns: tuple[str, ...]
     schema_json: str = ""
     """The source's schema (Spark's JSON form), for a consumer's ``check_source``."""
+    change_feed: bool = False
+    """Whether its Change Data Feed is on."""
 
     def schema(self) -> StructType:
         return StructType.fromJson(json.loads(self.schema_json))
@@ -175,7 +179,7 @@ class Tables:
                 self._cache[(database, table)] = from_log
                 return from_log
             name, delta_table = self._delta_table(database, table)
-            detail = delta_table.detail().select("id", "format").first()
+            detail = delta_table.detail().select("id", "format", "properties").first()
             frame = delta_table.toDF()
             columns, schema_json = tuple(frame.columns), frame.schema.json()
         except SourceTableError as exc:
@@ -192,7 +196,11 @@ class Tables:
             self._cache[(database, table)] = error
             raise error
         info = SourceInfo(
-            name=name, table_id=str(detail["id"]), columns=columns, schema_json=schema_json
+            name=name,
+            table_id=str(detail["id"]),
+            columns=columns,
+            schema_json=schema_json,
+            change_feed=(detail["properties"] or {}).get(CHANGE_FEED_PROPERTY) == "true",
         )
         self._cache[(database, table)] = info
         return info
@@ -214,6 +222,7 @@ class Tables:
             table_id=metadata.table_id,
             columns=metadata.columns,
             schema_json=metadata.schema_json,
+            change_feed=metadata.change_feed,
         )
 
     def check(self, key: JobKey, spec: JobSpec) -> str:
@@ -221,6 +230,7 @@ class Tables:
         info = self.describe(key.database, key.table)
         consumer = spec.iteration.consumer
         consumer_type = get_consumer_type(consumer.type)
+        self._check_joined(key, consumer.type, consumer_type, consumer.options)
         rules = expectations.of(consumer.options)
         needed = consumer_type.source_columns(consumer.options) + expectations.columns(rules)
         present = {c.lower() for c in info.columns}
@@ -237,6 +247,40 @@ class Tables:
             if rule.check is not None:
                 check_condition(self.spark, schema, rule.check, f"expectation {rule.name}")
         return info.table_id
+
+    def _check_joined(
+        self, key: JobKey, name: str, consumer_type: ConsumerType, options: Mapping[str, Any]
+    ) -> None:
+        """The tables a consumer reads beside the job's source (a join): registered on
+        the table its options name first, each other one a Delta table with the
+        columns they read and its change feed on."""
+        own = consumer_type.own_source(options)
+        if own is not None and (own[0].lower(), own[1].lower()) != (
+            key.database.lower(),
+            key.table.lower(),
+        ):
+            raise SourceTableError(
+                f"the {name} job is registered on {key.database}.{key.table}, but its query "
+                f"reads {own[0]}.{own[1]} first: register it on {own[0]}.{own[1]}",
+                ErrorCode.INVALID_CONSUMER_OPTIONS,
+            )
+        for joined in consumer_type.joined_sources(options):
+            info = self.describe(joined.database, joined.table)
+            present = {c.lower() for c in info.columns}
+            missing = [c for c in joined.columns if c.lower() not in present]
+            if missing:
+                raise SourceTableError(
+                    f"the {name} job reads column(s) {missing} of {info.name}, which has "
+                    f"none such; its columns are {list(info.columns)}",
+                    ErrorCode.SOURCE_COLUMN_MISSING,
+                )
+            if not info.change_feed:
+                raise SourceTableError(
+                    f"the {name} job follows {info.name} by its change feed, which is off: "
+                    f"ALTER TABLE {joined.database}.{joined.table} SET TBLPROPERTIES "
+                    f"('{CHANGE_FEED_PROPERTY}' = 'true'), then register the job again",
+                    ErrorCode.SOURCE_FEED_OFF,
+                )
 
     def forget(self) -> None:
         """Drop cached lookups (called at the start of every micro-batch)."""

@@ -1,0 +1,294 @@
+"""The ``join_view`` consumer: a SQL join of two or three Delta tables, kept from
+every table's change feed (the plan: :mod:`.plan`; its SQL: :mod:`.sql`).
+
+The job is registered on its query's first table; the other tables are its
+*joined* sources (:meth:`JoinViewConsumer.joined_sources`). Its watermark is the
+first table's version, and its status keeps the version (and identity) of each
+joined table its target reflects. A commit on any of them makes the job due
+(the engine plans a tail of the first table, empty when only a joined table
+moved). Each iteration pins every table: the first at the tail's end version,
+each joined one at its latest version when the iteration starts. It then
+
+1. finds the first table's keys whose rows the changes can touch: the first
+   table's own changed keys, and for each joined table that moved, the keys whose
+   rows join, through the path to it, any pre- or post-image of its changes;
+2. recomputes the view's rows for those keys alone at the pinned versions;
+3. MERGEs them into the target on the view's identity (each source's key): a row
+   that came out the same is left untouched, a row no longer produced is deleted.
+
+The target is therefore the query at the versions the status names, whatever
+order the tables moved in. Recomputing a key again at later versions leaves the
+truth there, so the writes need no transaction id: a replay after a crash (whose
+watermark or joined versions did not reach the catalog) recomputes at least the
+keys the lost write touched (their changes are still in its ranges) and leaves
+the same target. A joined table that was re-created, or whose recorded version is
+gone, is a resync: the whole view is recomputed and replaces the target.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from lakeprop.consumers.base import Consumer, ConsumerContext
+from lakeprop.consumers.join_view import sql
+from lakeprop.consumers.join_view.options import JoinViewOptions, parse_options
+from lakeprop.consumers.options import TARGET_OPTIONS
+from lakeprop.errors import ErrorCode, PermanentError
+from lakeprop.registry import JoinedSource
+from lakeprop.state.status import JoinedMark
+from lakeprop.tables.probe import DeltaLogProbe
+from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY
+
+log = logging.getLogger(__name__)
+
+_OP = "__jv_op"
+"""The MERGE source's column saying whether a row is written (``u``) or deleted (``d``)."""
+
+
+def _unique(columns: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    seen: dict[str, str] = {}
+    for column in columns:
+        seen.setdefault(column.lower(), column)
+    return tuple(seen.values())
+
+
+class JoinViewConsumer(Consumer):
+    """A join of the job's source with one or two more tables, kept from each one's
+    change feed; see the module."""
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        parsed = parse_options(options)
+        out: dict[str, Any] = {
+            "query": options["query"],
+            "keys": {alias: list(columns) for alias, columns in parsed.keys.items()},
+        }
+        out.update({k: v for k, v in parsed.target.items() if k in TARGET_OPTIONS})
+        return out
+
+    @classmethod
+    def source_columns(cls, options: Mapping[str, Any]) -> list[str]:
+        parsed = parse_options(options)
+        first = parsed.query.first.alias
+        return list(_unique([*parsed.query.reads(first), *parsed.keys[first]]))
+
+    @classmethod
+    def joined_sources(cls, options: Mapping[str, Any]) -> list[JoinedSource]:
+        parsed = parse_options(options)
+        return [
+            JoinedSource(
+                s.database,
+                s.table,
+                _unique([*parsed.query.reads(s.alias), *parsed.keys[s.alias]]),
+            )
+            for s in parsed.query.sources[1:]
+        ]
+
+    @classmethod
+    def own_source(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        first = parse_options(options).query.first
+        return first.database, first.table
+
+    def __init__(self, context: ConsumerContext) -> None:
+        super().__init__(context)
+        self.view: JoinViewOptions = parse_options(context.options)
+        self.names = {s.alias: s.name for s in self.view.query.sources}
+        self._prefix = f"__jv{context.job_id}"
+
+    # -- the engine's two calls ---------------------------------------------------
+
+    def snapshot(self, rows: DataFrame, version: int) -> int:
+        return self._rebuild(self._kept(rows), version, self._pinned())
+
+    def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        target = self.require_target()
+        pinned = self._pinned()
+        before = self.context.joined_from
+        why = self._why_rebuild(before, pinned)
+        if why:
+            log.info("join view %s is recomputed whole: %s", target, why)
+            return self._rebuild(self._first_at(to_version), to_version, pinned)
+        rows = self.context.change_rows
+        first_moved = rows != 0 and (rows is not None or not changes.isEmpty())
+        moved = {
+            alias: (before[name].version, pinned[name].version)
+            for alias, name in self.names.items()
+            if name in pinned and pinned[name].version > before[name].version
+        }
+        if not first_moved and not moved:
+            self.context.joined.update(before)
+            return 0
+        views = self._views(self._first_at(to_version), pinned)
+        images: dict[str, str] = {}
+        if first_moved:
+            images[self.view.query.first.alias] = self._register("d_" + self.first, changes)
+        for alias, (start, end) in moved.items():
+            feed = self._changes_of(alias, start, end)
+            if feed is None:
+                log.info("join view %s is recomputed whole: %s", target, "changes unreadable")
+                return self._rebuild(self._first_at(to_version), to_version, pinned)
+            images[alias] = self._register("d_" + alias, feed)
+        spark = self.context.spark
+        keys = spark.sql(sql.affected(self.view, views, images)).localCheckpoint()
+        keys_view = self._register("keys", keys)
+        fresh = spark.sql(sql.recompute(self.view, views, keys_view))
+        written = self._merge(target, fresh, keys)
+        self.context.joined.update(pinned)
+        return written
+
+    # -- the tables at their pinned versions ----------------------------------------
+
+    @property
+    def first(self) -> str:
+        return self.view.query.first.alias
+
+    def _pinned(self) -> dict[str, JoinedMark]:
+        """Each joined table's latest version and identity, read once: the versions
+        this iteration joins them at."""
+        probe = DeltaLogProbe(self.context.spark)
+        pinned: dict[str, JoinedMark] = {}
+        for source in self.view.query.sources[1:]:
+            handle = self.context.locate(source.database, source.table)
+            location = handle.location()
+            version = probe.latest_version(location) if location else None
+            table_id = probe.table_id(location) if location else None
+            if version is None or table_id is None:
+                try:
+                    detail = handle.delta().detail().select("id").first()
+                    history = handle.delta().history(1).select("version").first()
+                except Exception as exc:
+                    raise PermanentError(
+                        f"join_view: the joined table {source.name} no longer exists or is "
+                        f"not a Delta table ({str(exc).splitlines()[0][:200]}); re-create it "
+                        "or re-register the job without it",
+                        ErrorCode.SOURCE_NOT_DELTA,
+                    ) from None
+                table_id = str(detail["id"]) if detail is not None else ""
+                version = int(history["version"]) if history is not None else 0
+            pinned[source.name] = JoinedMark(version, table_id)
+        return pinned
+
+    def _why_rebuild(
+        self, before: Mapping[str, JoinedMark], pinned: Mapping[str, JoinedMark]
+    ) -> str:
+        """Why the joined tables cannot be followed from the versions ``before``."""
+        for name, now in pinned.items():
+            was = before.get(name)
+            if was is None:
+                return f"no version of {name} is recorded for the target"
+            if was.table_id != now.table_id:
+                return f"{name} was re-created (id {was.table_id} is now {now.table_id})"
+            if now.version < was.version:
+                return f"{name} is at version {now.version}, before {was.version} (restored?)"
+        return ""
+
+    def _first_at(self, version: int) -> DataFrame:
+        key = self.context.key
+        source = self.context.locate(key.database, key.table)
+        return self._kept(source.load(source.reader().option("versionAsOf", version)))
+
+    def _kept(self, rows: DataFrame) -> DataFrame:
+        """The first table's rows the job's ``drop`` rules keep: a row the rules drop
+        is in no row of the view, however the view reaches it."""
+        keeps = self.context.keeps
+        return rows if keeps is None else rows.where(F.expr(keeps))
+
+    def _views(self, first: DataFrame, pinned: Mapping[str, JoinedMark]) -> dict[str, str]:
+        """A temporary view of every table at its pinned version, by alias."""
+        views = {self.first: self._register(self.first, first)}
+        for source in self.view.query.sources[1:]:
+            handle = self.context.locate(source.database, source.table)
+            version = pinned[source.name].version
+            frame = handle.load(handle.reader().option("versionAsOf", version))
+            views[source.alias] = self._register(source.alias, frame)
+        return views
+
+    def _changes_of(self, alias: str, start: int, end: int) -> DataFrame | None:
+        """The change feed of the joined table ``alias`` in ``(start, end]``; None when
+        Delta can no longer read it (cleaned up, or the feed was off meanwhile)."""
+        source = next(s for s in self.view.query.sources if s.alias == alias)
+        handle = self.context.locate(source.database, source.table)
+        reader = (
+            handle.reader()
+            .option("readChangeFeed", "true")
+            .option("startingVersion", start + 1)
+            .option("endingVersion", end)
+        )
+        try:
+            feed = handle.load(reader)
+            feed.schema  # noqa: B018 - Delta checks the range as it resolves the read
+        except Exception as exc:
+            log.warning(
+                "the change feed of %s (%d, %d] cannot be read: %s", source, start, end, exc
+            )
+            return None
+        return feed
+
+    def _register(self, name: str, frame: DataFrame) -> str:
+        view = f"{self._prefix}_{name}"
+        frame.createOrReplaceTempView(view)
+        return view
+
+    # -- the writes ---------------------------------------------------------------
+
+    def _rebuild(self, first: DataFrame, version: int, pinned: Mapping[str, JoinedMark]) -> int:
+        """Replace the target with the whole view at ``version`` of the first table and
+        ``pinned`` versions of the others. No transaction id: a replay must write the
+        view at its own pinned versions, which the status then records."""
+        views = self._views(first, pinned)
+        data = self.context.spark.sql(sql.recompute(self.view, views, None))
+        writer = data.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        if self.change_feed:
+            writer = writer.option(CHANGE_FEED_PROPERTY, "true")
+        self.target.save(writer)
+        if self.change_feed:
+            self.target.keep_change_feed()
+        self.context.joined.update(pinned)
+        return int(self.target.load(self.target.reader()).count())
+
+    def _merge(self, target: Any, fresh: DataFrame, keys: DataFrame) -> int:
+        """Replace the target's rows of the first-table ``keys`` with ``fresh``: a row
+        whose identity and columns came out the same is left alone, a row no longer
+        produced is deleted."""
+        identity = [name for _, _, name in self.view.identity]
+        first_key = [name for alias, _, name in self.view.identity if alias == self.first]
+        key_columns = self.view.keys[self.first]
+        current = target.load(target.reader())
+        on_keys = [
+            current[t].eqNullSafe(keys[k]) for t, k in zip(first_key, key_columns, strict=True)
+        ]
+        touched = current.join(keys, _all(on_keys), "left_semi")
+        gone = touched.join(
+            fresh, _all([touched[c].eqNullSafe(fresh[c]) for c in identity]), "left_anti"
+        )
+        columns = fresh.columns
+        source = fresh.withColumn(_OP, F.lit("u")).unionByName(
+            gone.select(*columns).withColumn(_OP, F.lit("d"))
+        )
+        matched = _all([F.col(f"t.`{c}`").eqNullSafe(F.col(f"s.`{c}`")) for c in identity])
+        outputs = [c for c in columns if c not in identity]
+        differs = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in outputs) if outputs else "false"
+        values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
+        metrics = (
+            target.delta()
+            .alias("t")
+            .merge(source.alias("s"), matched)
+            .whenMatchedDelete(condition=f"s.{_OP} = 'd'")
+            .whenMatchedUpdate(condition=f"s.{_OP} = 'u' AND ({differs})", set=values)
+            .whenNotMatchedInsert(condition=f"s.{_OP} = 'u'", values=values)
+            .execute()
+            .first()
+        )
+        return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+
+def _all(predicates: list[Column]) -> Column:
+    result = predicates[0]
+    for predicate in predicates[1:]:
+        result = result & predicate
+    return result

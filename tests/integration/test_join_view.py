@@ -1,0 +1,139 @@
+"""``join_view``: a SQL join of two tables, kept from both change feeds by the service.
+
+Orders LEFT JOIN customers, registered on the orders. Every step changes one side
+or the other (a side-only change makes the job due too), and after each the
+target is compared whole with the same SQL run by Spark over both tables at the
+versions the job's status records (time travel): inserts, a NULL join key, a
+dimension update, a join-key change, a key-changing update, a customer whose
+orders become null-padded and one who gets their first, and several orders per
+customer. Registering on the wrong table or with a joined table whose change feed
+is off is refused, naming what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+
+from devkit.harness import cdf_source, client_row, latest_version, running
+from devkit.waiting import assert_eventually
+from lakeprop.client.api import LakepropClient
+from lakeprop.config import AppConfig
+from lakeprop.spec import JobKey
+
+pytestmark = pytest.mark.integration
+
+ORDERS = "id INT, customer_id INT, amount DOUBLE"
+CUSTOMERS = "id INT, name STRING"
+QUERY = (
+    "SELECT o.id, o.amount, upper(c.name) AS customer "
+    "FROM j.orders AS o LEFT JOIN j.customers AS c ON o.customer_id = c.id "
+    "WHERE o.amount > 0"
+)
+KEY = JobKey(1, "j", "orders", "enriched")  # -> j.orders_enriched
+
+
+def spec(query: str = QUERY) -> dict[str, Any]:
+    return {
+        "trigger": {"kind": "greedy"},
+        "iteration": {
+            "consumer": {
+                "type": "join_view",
+                "options": {"query": query, "keys": {"o": ["id"], "c": ["id"]}},
+            }
+        },
+    }
+
+
+def at(spark: SparkSession, path: str, version: int, name: str) -> None:
+    spark.read.format("delta").option("versionAsOf", version).load(path).createOrReplaceTempView(
+        name
+    )
+
+
+def expected(
+    spark: SparkSession, orders: str, customers: str, versions: tuple[int, int]
+) -> DataFrame:
+    at(spark, orders, versions[0], "jv_orders")
+    at(spark, customers, versions[1], "jv_customers")
+    return spark.sql(
+        "SELECT o.id, o.amount, upper(c.name) AS customer "
+        "FROM jv_orders AS o LEFT JOIN jv_customers AS c ON o.customer_id = c.id "
+        "WHERE o.amount > 0"
+    )
+
+
+def reached(spark: SparkSession, config: AppConfig, orders: str, customers: str) -> tuple[int, int]:
+    """The (orders, customers) versions the job records once it reflects both tables'
+    latest versions."""
+    wanted = (latest_version(spark, orders), latest_version(spark, customers))
+
+    def check() -> tuple[int, int]:
+        row = client_row(config, spark, KEY)
+        status = json.loads(row["job_status"])
+        joined = status.get("joined", {}).get("j.customers", {}).get("version")
+        assert (row["watermark"], joined, row["job_state"]) == (*wanted, "completed"), status
+        return wanted
+
+    return assert_eventually(check, timeout=90, interval=0.25)
+
+
+def test_a_join_view_follows_both_tables(
+    spark: SparkSession, app_config: AppConfig, tmp_path: Path
+) -> None:
+    config = app_config
+    orders = cdf_source(spark, config, "j", "orders", ORDERS)
+    customers = cdf_source(spark, config, "j", "customers", CUSTOMERS)
+    spark.sql(
+        f"INSERT INTO delta.`{orders}` VALUES (1, 10, 5.0), (2, 10, 7.0), (3, 20, 1.0), "
+        "(4, NULL, 2.0), (5, 30, 3.0)"
+    )
+    spark.sql(f"INSERT INTO delta.`{customers}` VALUES (10, 'ann'), (20, 'bob')")
+    target = f"{config.tables.warehouse}/j/orders_enriched"
+    client = LakepropClient(config.kafka, config.state, spark, tables=config.tables)
+
+    def check() -> None:
+        versions = reached(spark, config, orders, customers)
+        assert_df_equality(
+            spark.read.format("delta").load(target).select("id", "amount", "customer"),
+            expected(spark, orders, customers, versions),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+
+    steps = [
+        (customers, "UPDATE {t} SET name = 'anne' WHERE id = 10"),  # two orders change
+        (orders, "UPDATE {t} SET customer_id = 20 WHERE id = 1"),  # a join key moves
+        (customers, "INSERT INTO {t} VALUES (30, 'cy')"),  # order 5 gets its first match
+        (customers, "DELETE FROM {t} WHERE id = 20"),  # orders 1 and 3 are null-padded
+        (orders, "UPDATE {t} SET id = 12 WHERE id = 2"),  # a key-changing update
+        (orders, "UPDATE {t} SET amount = -1.0 WHERE id = 3"),  # filtered out
+        (orders, "INSERT INTO {t} VALUES (6, 30, 4.0), (7, NULL, 1.0)"),
+        (customers, "UPDATE {t} SET id = 40 WHERE id = 30"),  # the dimension's key moves
+    ]
+    with running(spark, config):
+        assert client.wait_for_outcome(client.register_job(KEY, spec()))["outcome"] == "applied"
+        check()
+        for path, sql in steps:
+            spark.sql(sql.format(t=f"delta.`{path}`"))
+            check()
+        wrong = client.wait_for_outcome(
+            client.register_job(JobKey(1, "j", "customers", "x"), spec())
+        )
+        assert wrong["outcome"] == "rejected" and "register it on j.orders" in wrong["detail"]
+        plain = cdf_source(spark, config, "j", "plain", CUSTOMERS)
+        spark.sql(
+            f"ALTER TABLE delta.`{plain}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)"
+        )
+        off = client.wait_for_outcome(
+            client.register_job(
+                JobKey(1, "j", "orders", "off"), spec(QUERY.replace("j.customers", "j.plain"))
+            )
+        )
+        assert off["outcome"] == "rejected" and "change feed, which is off" in off["detail"]
+    client.close()
