@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from lakeprop.config import TenantLimits, TenantsConfig
 from lakeprop.errors import ErrorCode, TenantError
+from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec, target_table
 
 Table = tuple[str, str]
@@ -125,7 +126,15 @@ class Tenants:
         other accounts that have come to read that target since."""
         tenant = self.of(key.account_id)
         target = target_table(key, spec.iteration.consumer.options)
-        for role, database in (("source", key.database), ("target", target[0])):
+        joined = get_consumer_type(spec.iteration.consumer.type).joined_sources(
+            spec.iteration.consumer.options
+        )
+        roles = [
+            ("source", key.database),
+            *((f"joined table {j.name}", j.database) for j in joined),
+            ("target", target[0]),
+        ]
+        for role, database in roles:
             if not tenant.may_use(database):
                 raise TenantError(
                     f"account {key.account_id} may not use database {database!r} "

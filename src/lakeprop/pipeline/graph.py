@@ -74,16 +74,39 @@ class Node:
     key: JobKey
     source: Table
     target: Table | None
+    joined: tuple[Table, ...] = ()
+    """The tables it reads beside its source (a join): it is their reader too."""
+
+    @property
+    def reads(self) -> tuple[Table, ...]:
+        """Every table the job reads, its source first."""
+        return (self.source, *self.joined)
 
     @classmethod
     def stored(cls, key: JobKey, job_spec: str) -> Node:
         """The node of a job as the catalog stores it (:func:`stored_target`)."""
-        return cls(key, table_of(key.database, key.table), stored_target(key, job_spec))
+        return cls.of_spec(key, json.loads(job_spec))
 
     @classmethod
     def of_spec(cls, key: JobKey, spec: Mapping[str, Any]) -> Node:
         """The node of a job from its stored spec's JSON, parsed (:func:`spec_target`)."""
-        return cls(key, table_of(key.database, key.table), spec_target(key, spec))
+        consumer = spec["iteration"]["consumer"]
+        return cls(
+            key,
+            table_of(key.database, key.table),
+            spec_target(key, spec),
+            joined_of(consumer["type"], consumer.get("options") or {}),
+        )
+
+
+def joined_of(consumer_type: str, options: Mapping[str, Any]) -> tuple[Table, ...]:
+    """The tables a consumer reads beside its source (:attr:`Node.joined`); none for a
+    type this process cannot import."""
+    try:
+        joined = get_consumer_type(consumer_type).joined_sources(options)
+    except UnknownConsumerError:
+        return ()
+    return tuple(table_of(j.database, j.table) for j in joined)
 
 
 TargetOf = Callable[[JobKey, JobSpec], "Table | None"]
@@ -106,7 +129,13 @@ class Graph:
         return graph
 
     def node_for(self, key: JobKey, spec: JobSpec) -> Node:
-        return Node(key, table_of(key.database, key.table), self._target_of(key, spec))
+        consumer = spec.iteration.consumer
+        return Node(
+            key,
+            table_of(key.database, key.table),
+            self._target_of(key, spec),
+            joined_of(consumer.type, consumer.options),
+        )
 
     def add(self, key: JobKey, spec: JobSpec) -> None:
         self.put(self.node_for(key, spec))
@@ -115,7 +144,8 @@ class Graph:
         key = node.key
         self.remove(key)
         self.nodes[key] = node
-        self._readers.setdefault(node.source, set()).add(key)
+        for table in node.reads:
+            self._readers.setdefault(table, set()).add(key)
         if node.target is not None:
             self._writers.setdefault(node.target, set()).add(key)
 
@@ -123,12 +153,13 @@ class Graph:
         node = self.nodes.pop(key, None)
         if node is None:
             return
-        self._readers[node.source].discard(key)
+        for table in node.reads:
+            self._readers[table].discard(key)
         if node.target is not None:
             self._writers[node.target].discard(key)
 
     def readers(self, table: Table) -> list[JobKey]:
-        """The jobs whose source is ``table``."""
+        """The jobs that read ``table`` (their source, or a table they join)."""
         return sorted(self._readers.get(table, ()))
 
     def writers(self, table: Table) -> list[JobKey]:
@@ -141,9 +172,9 @@ class Graph:
         return [] if node is None or node.target is None else self.readers(node.target)
 
     def upstream(self, key: JobKey) -> list[JobKey]:
-        """The jobs that write ``key``'s source, one step up."""
+        """The jobs that write a table ``key`` reads, one step up."""
         node = self.nodes.get(key)
-        return [] if node is None else self.writers(node.source)
+        return [] if node is None else sorted({w for t in node.reads for w in self.writers(t)})
 
     def below(self, key: JobKey, account: int | None = None) -> list[JobKey]:
         """Every job downstream of ``key``, at any depth, nearest first; with
@@ -184,14 +215,14 @@ class Graph:
         node = self.node_for(key, spec)
         if node.target is None:
             return None
-        if node.target == node.source:
+        if node.target in node.reads:
             return [key]
-        path = self._path(node.target, node.source, key)
+        path = self._path(node.target, set(node.reads), key)
         return None if path is None else [key, *path]
 
-    def _path(self, start: Table, goal: Table, without: JobKey) -> list[JobKey] | None:
+    def _path(self, start: Table, goals: set[Table], without: JobKey) -> list[JobKey] | None:
         """The shortest chain of jobs (other than ``without``) that leads from the
-        table ``start`` to the table ``goal``, or None."""
+        table ``start`` to one of the tables ``goals``, or None."""
         came_from: dict[JobKey, JobKey | None] = {}
         queue: deque[JobKey] = deque()
 
@@ -205,7 +236,7 @@ class Graph:
         while queue:
             current = queue.popleft()
             reached = self.nodes[current].target
-            if reached == goal:
+            if reached in goals:
                 path = [current]
                 while (back := came_from[path[-1]]) is not None:
                     path.append(back)

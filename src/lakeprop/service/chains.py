@@ -58,7 +58,7 @@ class Chains:
         written = [(m, t) for m, t in written if t is not None]
         if not written:
             return
-        read = {table_of(r.database, r.table) for r in self._rows() if r.is_live}
+        read = {table for r in self._rows() if r.is_live for table in r.node.reads}
         for member, target in written:
             if target not in read:
                 continue
@@ -75,7 +75,7 @@ class Chains:
         if not written:
             return
         live = [r.node for r in self._rows() if r.is_live]
-        read = {node.source for node in live}
+        read = {table for node in live for table in node.reads}
         written_by_jobs = {node.target for node in live}
         for result, member in written:
             key = member.ref[0]
