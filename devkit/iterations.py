@@ -28,6 +28,7 @@ from lakeprop.engine.model import (
 )
 from lakeprop.engine.native import NativeSettings
 from lakeprop.spec import JobKey, JobSpec
+from lakeprop.state.status import JoinedMark
 from lakeprop.tables.resolve import Tables
 
 
@@ -53,6 +54,10 @@ class HandDriven:
         self.native = native
         """Run small tails natively as the service would (None: always on Spark)."""
         self.watermark: int | None = None
+        self.joined: dict[str, JoinedMark] = {}
+        """The versions of the tables it joins its target reflects, as the job's status
+        would keep them (a test may set them back, as a crash before the catalog's
+        commit would)."""
 
     def _run(self, kind: IterationKind, start: int | None, to: int) -> IterationResult:
         result = iterate(
@@ -64,11 +69,13 @@ class HandDriven:
             to,
             small_rows=self.small_rows,
             native=self.native,
+            joined_from=self.joined if kind is IterationKind.TAIL else {},
         )
         (outcome,) = result.members
         if outcome.error_code:
             raise IterationFailed(outcome.error_code, outcome.error_msg)
         self.watermark = to
+        self.joined = dict(outcome.joined or {})
         return result
 
     def snapshot(self, version: int) -> IterationResult:
@@ -102,11 +109,15 @@ def iterate(
     *,
     small_rows: int = 100_000,
     native: NativeSettings | None = None,
+    joined_from: Mapping[str, JoinedMark] | None = None,
 ) -> IterationResult:
     """One iteration of ``jobs`` (key, job id, spec) of one source, from ``start`` (a
-    tail) or a snapshot, to ``to``: the engine's own, in this thread."""
+    tail) or a snapshot, to ``to``: the engine's own, in this thread (``joined_from``:
+    what the jobs' statuses say of the tables they join)."""
     key = jobs[0][0]
-    members = [MemberJob(Member((k, i), i, start), k, spec) for k, i, spec in jobs]
+    members = [
+        MemberJob(Member((k, i), i, start), k, spec, dict(joined_from or {})) for k, i, spec in jobs
+    ]
     plan = IterationPlan(
         TableRef(key.account_id, key.database, key.table),
         kind,

@@ -13,6 +13,7 @@ is off is refused, naming what to do.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
-from devkit.harness import cdf_source, client_row, latest_version, running
+from devkit.harness import cdf_source, cdf_table, client_row, latest_version, running
+from devkit.iterations import HandDriven
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
@@ -137,3 +139,78 @@ def test_a_join_view_follows_both_tables(
         )
         assert off["outcome"] == "rejected" and "change feed, which is off" in off["detail"]
     client.close()
+
+
+THREE = (
+    "SELECT o.id, o.amount, c.name, r.label AS region "
+    "FROM j.orders AS o JOIN j.customers AS c ON o.customer_id = c.id "
+    "LEFT JOIN j.regions AS r ON c.region_id = r.id"
+)
+
+
+def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_status(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Hand-driven iterations of a three-table join: changes on each table alone and
+    together, a whole-table overwrite of a joined table, a joined table re-created,
+    and a crash after a write whose watermark and joined versions never reached the
+    catalog (they are set back, and the next tail starts from them)."""
+    warehouse = str(tmp_path / "warehouse")
+    paths = {name: f"{warehouse}/j/{name}" for name in ("orders", "customers", "regions")}
+    for name, schema in (
+        ("orders", ORDERS),
+        ("customers", "id INT, name STRING, region_id INT"),
+        ("regions", "id INT, label STRING"),
+    ):
+        cdf_table(spark, paths[name], schema)
+    run = lambda table, sql: spark.sql(sql.format(t=f"delta.`{paths[table]}`"))  # noqa: E731
+    run("orders", "INSERT INTO {t} VALUES (1, 10, 5.0), (2, 10, 7.0), (3, 20, 1.0), (4, NULL, 2.0)")
+    run("customers", "INSERT INTO {t} VALUES (10, 'ann', 1), (20, 'bob', 2), (30, 'cy', NULL)")
+    run("regions", "INSERT INTO {t} VALUES (1, 'north'), (2, 'south')")
+    options = {"query": THREE, "keys": {"o": ["id"], "c": ["id"], "r": ["id"]}}
+    driver = HandDriven(
+        spark, warehouse, JobKey(1, "j", "orders", "v"), {"type": "join_view", "options": options}
+    )
+
+    def check() -> None:
+        at(spark, paths["orders"], driver.watermark or 0, "jv_o")
+        at(spark, paths["customers"], driver.joined["j.customers"].version, "jv_c")
+        at(spark, paths["regions"], driver.joined["j.regions"].version, "jv_r")
+        assert_df_equality(
+            driver.read().select("id", "amount", "name", "region"),
+            spark.sql(
+                "SELECT o.id, o.amount, c.name, r.label AS region FROM jv_o AS o "
+                "JOIN jv_c AS c ON o.customer_id = c.id LEFT JOIN jv_r AS r ON c.region_id = r.id"
+            ),
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+
+    def tail() -> None:
+        driver.tail(latest_version(spark, paths["orders"]))
+        assert driver.joined["j.customers"].version == latest_version(spark, paths["customers"])
+        assert driver.joined["j.regions"].version == latest_version(spark, paths["regions"])
+        check()
+
+    driver.snapshot(latest_version(spark, paths["orders"]))
+    check()
+    run("regions", "UPDATE {t} SET label = 'north-east' WHERE id = 1")  # two steps away
+    tail()
+    run("customers", "UPDATE {t} SET region_id = 2 WHERE id = 10")  # a key of the path moves
+    run("customers", "INSERT INTO {t} VALUES (40, 'di', 2)")
+    run("orders", "INSERT INTO {t} VALUES (5, 40, 9.0), (6, 30, 1.5)")
+    tail()  # all three moved
+    before = (driver.watermark, dict(driver.joined))
+    run("orders", "UPDATE {t} SET customer_id = 20 WHERE id = 1")
+    run("regions", "DELETE FROM {t} WHERE id = 2")  # customers 10, 20, 40 lose their region
+    tail()
+    driver.watermark, driver.joined = before  # the write stood; the catalog lost its record
+    run("customers", "DELETE FROM {t} WHERE id = 20")  # orders 1 and 3 leave the inner join
+    run("orders", "UPDATE {t} SET id = 11 WHERE id = 2")  # a key-changing update
+    tail()
+    run("regions", "INSERT OVERWRITE {t} VALUES (1, 'n'), (2, 's'), (3, 'w')")
+    tail()
+    shutil.rmtree(paths["regions"])  # re-created under the job: its versions start over
+    cdf_table(spark, paths["regions"], "id INT, label STRING")
+    run("regions", "INSERT INTO {t} VALUES (2, 'again')")
+    tail()
