@@ -22,10 +22,11 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
 from devkit.harness import cdf_source, cdf_table, client_row, latest_version, running
-from devkit.iterations import HandDriven
+from devkit.iterations import HandDriven, IterationFailed
 from devkit.waiting import assert_eventually
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
+from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
 
 pytestmark = pytest.mark.integration
@@ -214,3 +215,7 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
     cdf_table(spark, paths["regions"], "id INT, label STRING")
     run("regions", "INSERT INTO {t} VALUES (2, 'again')")
     tail()
+    run("customers", "INSERT INTO {t} VALUES (40, 'twin', 2)")  # a key that is not one
+    with pytest.raises(IterationFailed, match="not unique in its table") as failed:
+        driver.tail(latest_version(spark, paths["orders"]))
+    assert failed.value.code == ErrorCode.CONSUMER_FAILED

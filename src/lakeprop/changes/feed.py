@@ -21,3 +21,23 @@ def own_columns(columns: Iterable[str]) -> tuple[str, ...]:
 
 INSERT, DELETE = "insert", "delete"
 PREIMAGE, POSTIMAGE = "update_preimage", "update_postimage"
+
+
+UNREADABLE_RANGE = (
+    "DELTA_CHANGE_DATA_FILE_NOT_FOUND",
+    "DELTA_MISSING_CHANGE_DATA",
+    "DELTA_CHANGE_TABLE_FEED_DISABLED",
+    "DELTA_VERSIONS_NOT_CONTIGUOUS",
+    "DELTA_FILE_NOT_FOUND",
+    "VersionNotFoundException",
+    "FileNotFoundException",
+    "change data was not recorded",
+    "not enabled for change data feed",
+)
+"""Delta's refusals to read a range whose change data is gone: resync from a snapshot."""
+
+
+def unreadable(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta refusing a range of a change feed it no longer holds."""
+    text = str(exc)
+    return any(marker in text for marker in UNREADABLE_RANGE)

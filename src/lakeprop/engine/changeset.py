@@ -35,6 +35,7 @@ from lakeprop.changes import (
     own_columns,
     widens,
 )
+from lakeprop.changes.feed import unreadable
 from lakeprop.changes.held import release
 from lakeprop.engine.fanout import session_confs
 from lakeprop.engine.model import CancelToken, IterationKind, IterationPlan, IterationResult
@@ -43,19 +44,6 @@ from lakeprop.errors import ErrorCode, LakepropError, PermanentError
 from lakeprop.tables.resolve import TableHandle
 
 log = logging.getLogger("lakeprop.engine.iteration")
-
-_UNREADABLE_RANGE = (
-    "DELTA_CHANGE_DATA_FILE_NOT_FOUND",
-    "DELTA_MISSING_CHANGE_DATA",
-    "DELTA_CHANGE_TABLE_FEED_DISABLED",
-    "DELTA_VERSIONS_NOT_CONTIGUOUS",
-    "DELTA_FILE_NOT_FOUND",
-    "VersionNotFoundException",
-    "FileNotFoundException",
-    "change data was not recorded",
-    "not enabled for change data feed",
-)
-"""Delta's refusals to read a range whose change data is gone: resync from a snapshot."""
 
 _SCHEMA_CHANGED = (
     "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_DATA_SCHEMA",
@@ -67,11 +55,6 @@ COUNTING_CONFS = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.part
 """While the change set is stored and counted per commit version: the count's
 shuffle carries one row per version, so one reduce task and no adaptive
 re-planning (which runs each stage as a job of its own) suit it at any size."""
-
-
-def _unreadable(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(marker in text for marker in _UNREADABLE_RANGE)
 
 
 def _schema_changed(exc: BaseException) -> bool:
@@ -222,7 +205,7 @@ def _read(
                 log.info("%s: read across widened column types %s", source, changes.changed)
                 with session_confs(source.spark, {WIDENING_READ: "true"}):
                     return _read(source, plan, result, token, keys, tallies)
-            if token.cancelled or not _unreadable(exc):
+            if token.cancelled or not unreadable(exc):
                 raise
             result.kind = IterationKind.SNAPSHOT
             result.resync_reason = (

@@ -34,6 +34,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from lakeprop.changes.feed import unreadable
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.join_view import sql
 from lakeprop.consumers.join_view.options import JoinViewOptions, parse_options
@@ -123,23 +124,43 @@ class JoinViewConsumer(Consumer):
         if not first_moved and not moved:
             self.context.joined.update(before)
             return 0
+        try:
+            written = self._incremental(
+                target, changes if first_moved else None, moved, to_version, pinned
+            )
+        except Exception as exc:
+            if not (moved and unreadable(exc)):
+                explained = _explained(exc, self.view)
+                if explained is exc:
+                    raise
+                raise explained from exc
+            log.info("join view %s is recomputed whole: a joined table's changes are gone", target)
+            return self._rebuild(self._first_at(to_version), to_version, pinned)
+        self.context.joined.update(pinned)
+        return written
+
+    def _incremental(
+        self,
+        target: Any,
+        changes: DataFrame | None,
+        moved: Mapping[str, tuple[int, int]],
+        to_version: int,
+        pinned: Mapping[str, JoinedMark],
+    ) -> int:
+        """Steps 1 to 3 of the module: the affected keys of the first table's
+        ``changes`` (None: it did not move) and of the ``moved`` joined tables'
+        changes, their rows recomputed and MERGEd."""
         views = self._views(self._first_at(to_version), pinned)
         images: dict[str, str] = {}
-        if first_moved:
-            images[self.view.query.first.alias] = self._register("d_" + self.first, changes)
+        if changes is not None:
+            images[self.first] = self._register("d_" + self.first, changes)
         for alias, (start, end) in moved.items():
-            feed = self._changes_of(alias, start, end)
-            if feed is None:
-                log.info("join view %s is recomputed whole: %s", target, "changes unreadable")
-                return self._rebuild(self._first_at(to_version), to_version, pinned)
-            images[alias] = self._register("d_" + alias, feed)
+            images[alias] = self._register("d_" + alias, self._changes_of(alias, start, end))
         spark = self.context.spark
         keys = spark.sql(sql.affected(self.view, views, images)).localCheckpoint()
         keys_view = self._register("keys", keys)
         fresh = spark.sql(sql.recompute(self.view, views, keys_view))
-        written = self._merge(target, fresh, keys)
-        self.context.joined.update(pinned)
-        return written
+        return self._merge(target, fresh, keys)
 
     # -- the tables at their pinned versions ----------------------------------------
 
@@ -208,9 +229,8 @@ class JoinViewConsumer(Consumer):
             views[source.alias] = self._register(source.alias, frame)
         return views
 
-    def _changes_of(self, alias: str, start: int, end: int) -> DataFrame | None:
-        """The change feed of the joined table ``alias`` in ``(start, end]``; None when
-        Delta can no longer read it (cleaned up, or the feed was off meanwhile)."""
+    def _changes_of(self, alias: str, start: int, end: int) -> DataFrame:
+        """The change feed of the joined table ``alias`` in ``(start, end]``."""
         source = next(s for s in self.view.query.sources if s.alias == alias)
         handle = self.context.locate(source.database, source.table)
         reader = (
@@ -219,15 +239,7 @@ class JoinViewConsumer(Consumer):
             .option("startingVersion", start + 1)
             .option("endingVersion", end)
         )
-        try:
-            feed = handle.load(reader)
-            feed.schema  # noqa: B018 - Delta checks the range as it resolves the read
-        except Exception as exc:
-            log.warning(
-                "the change feed of %s (%d, %d] cannot be read: %s", source, start, end, exc
-            )
-            return None
-        return feed
+        return handle.load(reader)
 
     def _register(self, name: str, frame: DataFrame) -> str:
         view = f"{self._prefix}_{name}"
@@ -285,6 +297,19 @@ class JoinViewConsumer(Consumer):
             .first()
         )
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+
+def _explained(exc: Exception, view: JoinViewOptions) -> Exception:
+    """``exc``, or a permanent error saying what to do where a named key is not one."""
+    if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" not in str(exc):
+        return exc
+    keys = {alias: list(columns) for alias, columns in view.keys.items()}
+    return PermanentError(
+        f"join_view: two rows of the view have the same identity, so a key named in the "
+        f"option keys ({keys}) is not unique in its table; name each table's primary key "
+        "and resync the job",
+        ErrorCode.CONSUMER_FAILED,
+    )
 
 
 def _all(predicates: list[Column]) -> Column:
