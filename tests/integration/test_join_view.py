@@ -215,7 +215,21 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
     cdf_table(spark, paths["regions"], "id INT, label STRING")
     run("regions", "INSERT INTO {t} VALUES (2, 'again')")
     tail()
-    run("customers", "INSERT INTO {t} VALUES (40, 'twin', 2)")  # a key that is not one
+    the_job_fails_saying_what_to_do(spark, driver, run, paths)
+
+
+def the_job_fails_saying_what_to_do(
+    spark: SparkSession, driver: HandDriven, run: Any, paths: dict[str, str]
+) -> None:
+    """A key named in the options that is not unique, then a joined table re-created
+    without a column the query reads: each is a permanent error naming it."""
+    run("customers", "INSERT INTO {t} VALUES (40, 'twin', 2)")
     with pytest.raises(IterationFailed, match="not unique in its table") as failed:
         driver.tail(latest_version(spark, paths["orders"]))
     assert failed.value.code == ErrorCode.CONSUMER_FAILED
+    run("customers", "DELETE FROM {t} WHERE name = 'twin'")
+    shutil.rmtree(paths["regions"])  # re-created without the column the query reads
+    cdf_table(spark, paths["regions"], "id INT, name STRING")
+    with pytest.raises(IterationFailed, match="no longer reads its tables") as failed:
+        driver.tail(latest_version(spark, paths["orders"]))
+    assert failed.value.code == ErrorCode.SOURCE_SCHEMA_CHANGED

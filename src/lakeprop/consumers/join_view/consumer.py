@@ -31,6 +31,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -104,9 +105,18 @@ class JoinViewConsumer(Consumer):
     # -- the engine's two calls ---------------------------------------------------
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
-        return self._rebuild(self._kept(rows), version, self._pinned())
+        try:
+            return self._rebuild(self._kept(rows), version, self._pinned())
+        except AnalysisException as exc:
+            raise _explained(exc, self.view) from exc
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
+        try:
+            return self._apply(changes, to_version)
+        except AnalysisException as exc:
+            raise _explained(exc, self.view) from exc
+
+    def _apply(self, changes: DataFrame, to_version: int) -> int:
         target = self.require_target()
         pinned = self._pinned()
         before = self.context.joined_from
@@ -300,7 +310,16 @@ class JoinViewConsumer(Consumer):
 
 
 def _explained(exc: Exception, view: JoinViewOptions) -> Exception:
-    """``exc``, or a permanent error saying what to do where a named key is not one."""
+    """``exc``, or a permanent error saying what to do: where the query no longer
+    resolves against the tables (a column it reads was dropped or renamed), or where
+    a named key is not one."""
+    if isinstance(exc, AnalysisException):
+        first = str(exc).strip().splitlines()[0][:300]
+        return PermanentError(
+            f"join_view: the query no longer reads its tables as they are ({first}); "
+            "update the job's query to the tables' columns, which resyncs it",
+            ErrorCode.SOURCE_SCHEMA_CHANGED,
+        )
     if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" not in str(exc):
         return exc
     keys = {alias: list(columns) for alias, columns in view.keys.items()}
