@@ -92,6 +92,7 @@ from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state import store as state
 from lakeprop.state.apply import job_id_for
 from lakeprop.state.history import consumer_digest
+from lakeprop.state.status import joined_marks
 from lakeprop.state.usage import UsageRow, usage_of
 from lakeprop.tables.probe import DeltaLogProbe
 from lakeprop.tables.stores import session_storage
@@ -101,6 +102,11 @@ log = logging.getLogger("chaos")
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING, emb ARRAY<FLOAT>"
 TABLES = ("orders", "notes")
+JOIN_QUERY = (
+    "SELECT o.id, o.amount, n.name AS note FROM chaos.orders AS o "
+    "LEFT JOIN chaos.notes AS n ON o.id = n.id"
+)
+"""The join job's query: every order, with the name of the note of its id."""
 CHAIN_SOURCE = "orders_repl_base"
 """The target of the replica of ``orders``, which a base job reads: a two-step chain."""
 WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", "kafka"]
@@ -296,6 +302,11 @@ def consumer_for(kind: str) -> dict[str, Any]:
         # change events of an ordinary table by commit version: its latest rows, its history
         "cdc1": {"keys": ["id"], "source_kind": "table"},
         "cdc2": {"keys": ["id"], "source_kind": "table", "stored_as_scd_type": 2},
+        # orders with the note of the same id, where there is one: kept from both feeds
+        "join": {
+            "query": JOIN_QUERY,
+            "keys": {"o": ["id"], "n": ["id"]},
+        },
         # four lists, re-trained whenever a fifth of the vectors changed: builds mid-run
         "vector_index": {
             "key": ["id"],
@@ -304,7 +315,12 @@ def consumer_for(kind: str) -> dict[str, Any]:
             "retrain": {"max_changed_share": 0.2, "recall_check_every": 0},
         },
     }
-    types = {"cdc1": "auto_cdc", "cdc2": "auto_cdc", "aggr_rules": "aggregate_view"}
+    types = {
+        "cdc1": "auto_cdc",
+        "cdc2": "auto_cdc",
+        "aggr_rules": "aggregate_view",
+        "join": "join_view",
+    }
     return {"type": types.get(kind, kind), "options": known[kind]}
 
 
@@ -720,6 +736,8 @@ gc_retention = "4s"
         self.register(
             JobKey(1, "chaos", "notes", "aggr_greedy_base"), "aggregate_view", {"kind": "greedy"}
         )
+        # a join of both tables, in the orders' default group: due on a commit to either
+        self.register(JobKey(1, "chaos", "orders", "join_base"), "join", {"kind": "default"})
         # a two-step chain: an aggregate view of the replica's target, with a drop rule
         self.register(
             JobKey(1, "chaos", CHAIN_SOURCE, "aggr_chain_base"),
@@ -1226,7 +1244,9 @@ gc_retention = "4s"
                 self.report.differences.append(f"{key}: no watermark")
                 continue
             mine = successes.get(row["job_id"], [])
-            self.check_target(key, spec, row["watermark"], self.synced_at(spec, mine))
+            self.check_target(
+                key, spec, row["watermark"], self.synced_at(spec, mine), row["job_status"]
+            )
             self.check_history(key, spec, mine, row["watermark"])
 
     def fold_bulks(self) -> None:
@@ -1269,7 +1289,12 @@ gc_retention = "4s"
         )
 
     def check_target(
-        self, key: JobKey, spec: dict[str, Any], version: int, synced_at: int | None
+        self,
+        key: JobKey,
+        spec: dict[str, Any],
+        version: int,
+        synced_at: int | None,
+        status: str = "",
     ) -> None:
         consumer = spec["iteration"]["consumer"]
         source = (
@@ -1295,6 +1320,21 @@ gc_retention = "4s"
             actual = sorted(actual, key=str)
         elif kind == "replica":
             want, actual = rows(source), rows(target.select(*source.columns))
+        elif kind == "join_view":
+            mark = joined_marks(status).get("chaos.notes")
+            if mark is None:
+                self.report.differences.append(f"{key}: no version of chaos.notes in its status")
+                return
+            notes = (
+                self.spark.read.format("delta")
+                .option("versionAsOf", mark.version)
+                .load(self.table_path("notes"))
+            )
+            joined = source.alias("o").join(
+                notes.alias("n"), F.col("o.id") == F.col("n.id"), "left"
+            )
+            want = rows(joined.select("o.id", "o.amount", F.col("n.name").alias("note")))
+            actual = rows(target.select("id", "amount", "note"))
         elif kind == "secondary_index":
             want, actual = rows(source.select("name", "id")), rows(target.select("name", "id"))
         elif kind == "vector_index":
