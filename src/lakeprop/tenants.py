@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lakeprop.config import TenantLimits, TenantsConfig
-from lakeprop.errors import ErrorCode, TenantError
+from lakeprop.errors import ErrorCode, TenantError, UnknownConsumerError
 from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobKey, JobSpec, target_table
 
@@ -59,10 +59,20 @@ class Census:
         return census
 
     @staticmethod
-    def _tables(key: JobKey, spec: JobSpec) -> tuple[Table, Table]:
-        """A job's source and target, by lower-case name (as Spark compares them)."""
-        target = target_table(key, spec.iteration.consumer.options)
-        return lowered((key.database, key.table)), lowered(target)
+    def _tables(key: JobKey, spec: JobSpec) -> tuple[Table, ...]:
+        """A job's source, the tables it joins and its target, by lower-case name (as
+        Spark compares them)."""
+        consumer = spec.iteration.consumer
+        target = target_table(key, consumer.options)
+        try:
+            joined = get_consumer_type(consumer.type).joined_sources(consumer.options)
+        except UnknownConsumerError:
+            joined = []
+        return (
+            lowered((key.database, key.table)),
+            *(lowered((j.database, j.table)) for j in joined),
+            lowered(target),
+        )
 
     def add(self, key: JobKey, spec: JobSpec) -> None:
         self.live[key.account_id] = self.live.get(key.account_id, 0) + 1

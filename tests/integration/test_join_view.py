@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from devkit.harness import cdf_source, cdf_table, client_row, latest_version, running
+from devkit.harness import cdf_source, cdf_table, cli_settings, client_row, latest_version, running
 from devkit.iterations import HandDriven, IterationFailed
 from devkit.waiting import assert_eventually
+from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
 from lakeprop.errors import ErrorCode
@@ -87,11 +89,19 @@ def reached(spark: SparkSession, config: AppConfig, orders: str, customers: str)
 
 
 def test_a_join_view_follows_both_tables(
-    spark: SparkSession, app_config: AppConfig, tmp_path: Path
+    spark: SparkSession, app_config: AppConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = app_config
     orders = cdf_source(spark, config, "j", "orders", ORDERS)
-    customers = cdf_source(spark, config, "j", "customers", CUSTOMERS)
+    customers = f"{config.tables.warehouse}/j/customers"  # clustered on its join key
+    (
+        DeltaTable.create(spark)
+        .location(customers)
+        .addColumns(spark.createDataFrame([], CUSTOMERS).schema)
+        .clusterBy("id")
+        .property("delta.enableChangeDataFeed", "true")
+        .execute()
+    )
     spark.sql(
         f"INSERT INTO delta.`{orders}` VALUES (1, 10, 5.0), (2, 10, 7.0), (3, 20, 1.0), "
         "(4, NULL, 2.0), (5, 30, 3.0)"
@@ -139,6 +149,16 @@ def test_a_join_view_follows_both_tables(
             )
         )
         assert off["outcome"] == "rejected" and "change feed, which is off" in off["detail"]
+    versions = reached(spark, config, orders, customers)
+    capsys.readouterr()
+    where = ["--account", "1", "--database", "j", "--table", "orders", "--name", "enriched"]
+    assert cli.main([*cli_settings(config), "explain", *where]) == 0
+    told = capsys.readouterr().out.splitlines()
+    assert f"  o = j.orders: first table (the job's source), at version {versions[0]}" in told
+    joined = "  c = j.customers: LEFT JOIN ON `o`.`customer_id` = `c`.`id`, at version"
+    assert f"{joined} {versions[1]}" in told
+    assert "  j.customers (looked up by id): clustered on id: " in "\n".join(told)
+    assert any(line.startswith("  j.orders (looked up by customer_id): warning") for line in told)
     client.close()
 
 

@@ -179,3 +179,65 @@ def test_a_join_is_due_when_only_its_joined_table_moved() -> None:
         {"/w/db/orders": 3}, current
     )  # the joined table went away: its iteration says so
     assert [(p.from_version, p.to_version) for p in gone.plans] == [(3, 3)]
+
+
+def test_explain_names_the_versions_keys_technique_and_the_layout_each_lookup_needs() -> None:
+    from lakeprop.consumers.join_view.explain import Layout, explain, lookup_columns
+    from lakeprop.consumers.join_view.options import parse_options
+
+    view = parse_options(
+        {
+            "query": "SELECT o.id, c.name, r.label FROM db.orders AS o "
+            "JOIN db.customers AS c ON o.customer_id = c.id "
+            "LEFT JOIN db.regions AS r ON c.region_id = r.id AND c.zone = r.zone",
+            "keys": {"o": ["id"], "c": ["id"], "r": ["id", "zone"]},
+        }
+    )
+    assert lookup_columns(view, "c") == ("id", "region_id", "zone")
+    assert lookup_columns(view, "o") == ("customer_id",)
+    assert lookup_columns(view, "r") == ("id", "zone")
+    lines = explain(
+        view,
+        {"o": "version 7", "c": "version 3", "r": "no version yet"},
+        {"o": Layout(), "c": Layout(clustered=("id",)), "r": None},
+    )
+    text = "\n".join(lines)
+    assert "  o = db.orders: first table (the job's source), at version 7" in lines
+    assert "  c = db.customers: INNER JOIN ON `o`.`customer_id` = `c`.`id`, at version 3" in lines
+    assert "LEFT JOIN ON `c`.`region_id` = `r`.`id` AND `c`.`zone` = `r`.`zone`" in text
+    assert [line for line in lines if line.startswith("  __")] == [
+        "  __o__id = o.id",
+        "  __c__id = c.id",
+        "  __r__id = r.id",
+        "  __r__zone = r.zone",
+    ]
+    assert "technique: incremental from every table's change feed" in text
+    assert (
+        "  db.orders (looked up by customer_id): warning: neither clustered nor partitioned "
+        "on customer_id; each iteration that reads it scans it whole "
+        "(ALTER TABLE ... CLUSTER BY (customer_id))"
+    ) in lines
+    assert "  db.customers (looked up by id, region_id, zone): clustered on id: " in text
+    assert "  db.regions (looked up by id, zone): layout unknown" in text
+    partitioned = explain(view, {}, {"r": Layout(partitioned=("zone",))})
+    assert any("db.regions (looked up by id, zone): partitioned on zone" in x for x in partitioned)
+
+
+def test_a_table_another_accounts_join_reads_is_no_target_of_this_one() -> None:
+    result = apply_commands(
+        [],
+        [
+            register(1, JobKey(7, "sales", "orders", "v"), join_spec("sales", "sales_eu")),
+            register(
+                2,
+                JobKey(8, "raw", "t", "c"),
+                replica(target_database="sales_eu", target_table="customers"),
+            ),
+        ],
+        check_ok,
+        tenants=tenants(CONFIG.replace("max_live_jobs = 0", 'databases = ["raw", "sales_eu"]')),
+    )
+    assert [(v.outcome, v.error_code) for v in result.verdicts] == [
+        (Outcome.APPLIED, 0),
+        (Outcome.REJECTED, ErrorCode.TARGET_NOT_ALLOWED),
+    ]

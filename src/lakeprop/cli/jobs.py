@@ -8,6 +8,7 @@ and wait for them.
     lakeprop wait --database sales --table orders --name copy --version latest
     lakeprop list --state error
     lakeprop graph --database sales --format mermaid
+    lakeprop explain --database sales --table orders --name enriched
     lakeprop unregister --database sales --table orders --name copy [--cascade]
 """
 
@@ -141,6 +142,26 @@ def graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def explain(args: argparse.Namespace) -> int:
+    """How a join view is kept: a registered job's, or one proposed by the spec flags."""
+    from lakeprop.client.explain import explain_job
+
+    app = common.config(args)
+    key = common.key(args)
+    registered = None
+    if args.spec or args.consumer or args.options:
+        spec = common.spec_from_flags(args, partial=False)
+    else:
+        info = common.reader(args).get_job_status(key, waiting=False)
+        if info is None or info.drop_at is not None:
+            print(f"no job {key}: name a live job, or give a spec to explain", file=sys.stderr)
+            return 1
+        spec, registered = info.spec, (info.watermark, info.status)
+    for line in explain_job(common.session(app), app.tables, key, spec, registered):
+        print(line)
+    return 0
+
+
 def version(text: str) -> int | str:
     """A Delta version (>= 0) or 'latest'."""
     if text == "latest":
@@ -206,6 +227,14 @@ def register(sub: Any) -> None:
     p.add_argument("--format", choices=["text", "mermaid", "dot"], default="text")
     p.add_argument("--output", help="write to this file instead of printing")
     p.set_defaults(handler=graph)
+    p = sub.add_parser(
+        "explain",
+        help="how a join_view job is kept: its sources and their versions, its keys, its "
+        "technique and how each source's layout serves it (a registered job, or the spec given)",
+    )
+    common.add_key(p)
+    common.add_spec(p)
+    p.set_defaults(handler=explain)
     p = sub.add_parser("list", help="list jobs")
     p.add_argument("--state", choices=[s.value for s in JobState])
     p.add_argument("--account", type=int)

@@ -120,11 +120,9 @@ class TriggerSelection:
         selected = Selected()
         due: list[tuple[TableRef, list[JobView], int | None]] = []
         by_table = self._views(rows, in_flight, retries)
+        joined = {name for views in by_table.values() for v in views for name, _, _ in v.joined}
         self.watched = frozenset((t.database, t.table) for t in by_table) | frozenset(
-            tuple(name.split(".", 1))  # type: ignore[misc]
-            for views in by_table.values()
-            for view in views
-            for name, _, _ in view.joined
+            (database, table) for database, _, table in (n.partition(".") for n in joined)
         )
         for table, views in by_table.items():
             should, since = probe_from(views, now)
