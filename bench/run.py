@@ -29,6 +29,7 @@ from bench import (  # noqa: E402
     failover,
     fairness,
     fanout,
+    join,
     latency,
     many,
     membership,
@@ -73,6 +74,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "rolling_restart": {"tables": 3, "session": 60},
         "chain": {"keys": 10, "groups": 3, "preload": 10, "trickle": 2},
         "spark_jobs": {"rows": 100, "changed": 2, "repeats": 1},
+        "join": {"orders": 2000, "customers": 200, "commits": 2},
     },
     "default": {
         "scale": {"jobs": 1000, "ticks": 30},
@@ -97,6 +99,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "rolling_restart": {"tables": 12, "session": 180},
         "chain": {"keys": 200, "groups": 10, "preload": 1000, "trickle": 60},
         "spark_jobs": {"rows": 1000, "changed": 10, "repeats": 3},
+        "join": {"orders": 1_000_000, "customers": 100_000, "commits": 4},
     },
     "full": {
         "scale": {"jobs": 10_000, "ticks": 30},
@@ -127,6 +130,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "rolling_restart": {"tables": 24, "session": 180},
         "chain": {"keys": 2000, "groups": 50, "preload": 100_000, "trickle": 120},
         "spark_jobs": {"rows": 100_000, "changed": 1000, "repeats": 5},
+        "join": {"orders": 1_000_000, "customers": 100_000, "commits": 8},
     },
 }
 
@@ -153,6 +157,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "rolling_restart": rolling.run,
     "chain": chain.run,
     "spark_jobs": spark_jobs.run,
+    "join": join.run,
 }
 
 

@@ -8,10 +8,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devkit.fuzzing.joins import run_joins  # noqa: E402
 from devkit.fuzzing.runner import WORKLOADS, Fuzzer, shrink  # noqa: E402
 from devkit.spark import local_session  # noqa: E402
 from lakeprop.dev.localkafka import LocalKafka  # noqa: E402
@@ -30,16 +32,20 @@ def main() -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=WORKLOADS,
+        choices=(*WORKLOADS, "joins"),
         default="consumers",
-        help="every consumer on one source, random chains of table consumers, or both",
+        help="every consumer on one source, random chains of table consumers, both, or "
+        "a join view with random operations on each of its tables",
     )
+    parser.add_argument("--tables", type=int, choices=(2, 3), default=2, help="joins: how many")
     parser.add_argument("--workdir", help="where the tables go (default: a temp dir)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every sequence")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="lakeprop-fuzz-"))
     spark = local_session("lakeprop-fuzz")
+    if args.workload == "joins":
+        return joins(spark, workdir, args)
     broker = LocalKafka(workdir / "kafka").start()
     started = time.monotonic()
     clean, failed = [], []
@@ -74,6 +80,30 @@ def main() -> int:
         f"{args.first}..{args.first + len(clean) + len(failed) - 1}, "
         f"{time.monotonic() - started:.0f}s"
     )
+    return 1 if failed else 0
+
+
+def joins(spark: Any, workdir: Path, args: argparse.Namespace) -> int:
+    """The join workload (:mod:`devkit.fuzzing.joins`): each seed alone, no shrinking
+    (its operations and first difference are printed)."""
+    started = time.monotonic()
+    failed = []
+    seeds = range(args.first, args.first + args.seeds)
+    try:
+        for seed in seeds:
+            if args.minutes and time.monotonic() - started > args.minutes * 60:
+                break
+            began = time.monotonic()
+            problem = run_joins(spark, workdir, [seed], args.operations, args.tables)
+            took = time.monotonic() - began
+            if problem:
+                failed.append(seed)
+                print(f"seed {seed}: FAILED ({took:.0f}s): {problem[0][1]}", flush=True)
+            else:
+                print(f"seed {seed}: clean ({args.operations} operations, {took:.0f}s)", flush=True)
+    finally:
+        spark.stop()
+    print(f"{len(failed)} failed {failed}; {time.monotonic() - started:.0f}s")
     return 1 if failed else 0
 
 

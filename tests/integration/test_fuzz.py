@@ -1,7 +1,9 @@
 """The operation fuzzer in the suite: a few fixed seeds of random real Delta operations
 (see :mod:`devkit.fuzzing`), every consumer on both paths, every target whole against
-its model, and a seed of the pipeline workload (random chains of table consumers with
-random rules, each step against the model of the chain up to it). ``scripts/fuzz.sh
+its model, a seed of the pipeline workload (random chains of table consumers with
+random rules, each step against the model of the chain up to it), and two of the
+join workload (random operations on every table of a two- and a three-table join
+view, its target against the query at its recorded versions). ``scripts/fuzz.sh
 --seeds N [--workload pipelines]`` runs many more; a failure there prints its seed and
 the shortest operation list that still fails."""
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from devkit.fuzzing.joins import run_joins
 from devkit.fuzzing.runner import Fuzzer, run
 from lakeprop.dev.localkafka import LocalKafka
 
@@ -51,3 +54,16 @@ def test_random_operations_leave_every_step_of_random_chains_equal_to_its_model(
     assert max(map(len, chains)) == 3 and sum(bool(s.rule) for c in chains for s in c) >= 2
     problem = fuzzer.check(case)  # what run() does with each seed's case
     assert problem is None, f"{case.describe()}\n  fails: {problem}"
+
+
+JOIN_SEEDS = ((2, 2), (3, 3))
+"""(seed, tables) of the join workload in the suite; ``scripts/fuzz.sh --workload joins
+[--tables 3]`` runs the others."""
+
+
+@pytest.mark.timeout(900)
+def test_random_operations_on_every_table_of_a_join_leave_its_target_the_query(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    for seed, tables in JOIN_SEEDS:
+        assert run_joins(spark, tmp_path, [seed], OPERATIONS + 2, tables) == []

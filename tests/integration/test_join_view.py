@@ -22,7 +22,15 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from devkit.harness import cdf_source, cdf_table, cli_settings, client_row, latest_version, running
+from devkit.harness import (
+    cdf_source,
+    cdf_table,
+    cli_settings,
+    client_row,
+    history,
+    latest_version,
+    running,
+)
 from devkit.iterations import HandDriven, IterationFailed
 from devkit.waiting import assert_eventually
 from lakeprop import cli
@@ -41,11 +49,12 @@ QUERY = (
     "WHERE o.amount > 0"
 )
 KEY = JobKey(1, "j", "orders", "enriched")  # -> j.orders_enriched
+COPY = JobKey(1, "j", "orders", "copy")
 
 
 def spec(query: str = QUERY) -> dict[str, Any]:
     return {
-        "trigger": {"kind": "greedy"},
+        "trigger": {"kind": "default"},
         "iteration": {
             "consumer": {
                 "type": "join_view",
@@ -129,7 +138,11 @@ def test_a_join_view_follows_both_tables(
         (orders, "INSERT INTO {t} VALUES (6, 30, 4.0), (7, NULL, 1.0)"),
         (customers, "UPDATE {t} SET id = 40 WHERE id = 30"),  # the dimension's key moves
     ]
+    copy = {"iteration": {"consumer": {"type": "replica", "options": {"primary_key": ["id"]}}}}
     with running(spark, config):
+        # a replica in the same default group: the two share each tail of the orders,
+        # each consumer on a session of its own
+        assert client.wait_for_outcome(client.register_job(COPY, copy))["outcome"] == "applied"
         assert client.wait_for_outcome(client.register_job(KEY, spec()))["outcome"] == "applied"
         check()
         for path, sql in steps:
@@ -149,6 +162,8 @@ def test_a_join_view_follows_both_tables(
             )
         )
         assert off["outcome"] == "rejected" and "change feed, which is off" in off["detail"]
+    shared = history(spark, config).where("kind = 'tail' AND size(members) = 2").count()
+    assert shared > 0  # the join and the replica read one change set
     versions = reached(spark, config, orders, customers)
     capsys.readouterr()
     where = ["--account", "1", "--database", "j", "--table", "orders", "--name", "enriched"]
@@ -207,6 +222,12 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
             ignore_nullable=True,
         )
 
+    def rebuilds() -> int:
+        """Writes of the whole view to its target (a snapshot or a resync): the others
+        are MERGEs of the keys a range touched."""
+        target = DeltaTable.forPath(spark, driver.path())
+        return target.history().where("operation = 'WRITE'").count()
+
     def tail() -> None:
         driver.tail(latest_version(spark, paths["orders"]))
         assert driver.joined["j.customers"].version == latest_version(spark, paths["customers"])
@@ -231,10 +252,12 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
     tail()
     run("regions", "INSERT OVERWRITE {t} VALUES (1, 'n'), (2, 's'), (3, 'w')")
     tail()
+    assert rebuilds() == 1  # the snapshot's: every tail so far was incremental
     shutil.rmtree(paths["regions"])  # re-created under the job: its versions start over
     cdf_table(spark, paths["regions"], "id INT, label STRING")
     run("regions", "INSERT INTO {t} VALUES (2, 'again')")
     tail()
+    assert rebuilds() == 2  # a re-created joined table: the view recomputed whole
     the_job_fails_saying_what_to_do(spark, driver, run, paths)
 
 

@@ -36,11 +36,11 @@ QUERY = (
 )
 
 
-def join_spec(db: str = "db", joined: str = "db", **more: Any) -> JobSpec:
+def join_spec(db: str = "db", joined: str = "db", trigger: str = "greedy", **more: Any) -> JobSpec:
     options = {"query": QUERY.format(db=db, joined=joined), "keys": {"o": ["id"], "c": ["id"]}}
     return JobSpec.from_json(
         {
-            "trigger": {"kind": "greedy"},
+            "trigger": {"kind": trigger},
             "iteration": {"consumer": {"type": "join_view", "options": options | more}},
         }
     )
@@ -124,8 +124,9 @@ def test_the_status_keeps_the_joined_versions_through_failures() -> None:
 
 
 class Probe:
-    def __init__(self, latest: dict[str, int]) -> None:
+    def __init__(self, latest: dict[str, int], ids: dict[str, str] | None = None) -> None:
         self.latest = latest
+        self.ids = {"/w/db/customers": "cid"} if ids is None else ids
         self.asked: list[str] = []
 
     def changed_since(self, location: str, version: int) -> bool | None:
@@ -139,7 +140,7 @@ class Probe:
         return self.latest.get(location)
 
     def table_id(self, location: str) -> str | None:
-        return "oid"
+        return self.ids.get(location, "oid")
 
 
 class Tables:
@@ -150,8 +151,13 @@ class Tables:
         return f"/w/{database}/{table}"
 
 
-def select(latest: dict[str, int], current: CatalogRow, in_flight: bool = False):
-    selection = TriggerSelection(Tables(Probe(latest)))  # type: ignore[arg-type]
+def select(
+    latest: dict[str, int],
+    current: CatalogRow,
+    in_flight: bool = False,
+    ids: dict[str, str] | None = None,
+):
+    selection = TriggerSelection(Tables(Probe(latest, ids)))  # type: ignore[arg-type]
     flying = {current.row_id} if in_flight else set()
     return selection.select({current.row_id: current}, flying, {}, now=10.0), selection
 
@@ -179,6 +185,11 @@ def test_a_join_is_due_when_only_its_joined_table_moved() -> None:
         {"/w/db/orders": 3}, current
     )  # the joined table went away: its iteration says so
     assert [(p.from_version, p.to_version) for p in gone.plans] == [(3, 3)]
+    # re-created under the job and back at the version it reflects: another identity
+    again, _ = select(
+        {"/w/db/orders": 3, "/w/db/customers": 4}, current, ids={"/w/db/customers": "new"}
+    )
+    assert [(p.from_version, p.to_version) for p in again.plans] == [(3, 3)]
 
 
 def test_explain_names_the_versions_keys_technique_and_the_layout_each_lookup_needs() -> None:
@@ -241,3 +252,15 @@ def test_a_table_another_accounts_join_reads_is_no_target_of_this_one() -> None:
         (Outcome.APPLIED, 0),
         (Outcome.REJECTED, ErrorCode.TARGET_NOT_ALLOWED),
     ]
+
+
+def test_a_join_behind_its_own_table_waits_for_its_turn_not_an_empty_tail() -> None:
+    """A default join lagging its group, while another laggard catches up: no empty tail
+    for it (in flight, it would be the one catching up and hold the others back)."""
+    join = replace(row(), job_spec=join_spec(trigger="default").canonical())  # at 3, table at 5
+    leader = replace(join, job_name="l", job_id=1, job_spec=replica().canonical(), watermark=5)
+    other = replace(join, job_name="k", job_id=2, job_spec=replica().canonical(), watermark=3)
+    rows = {r.row_id: r for r in (join, leader, other)}
+    selection = TriggerSelection(Tables(Probe({"/w/db/orders": 5, "/w/db/customers": 9})))  # type: ignore[arg-type]
+    found = selection.select(rows, {leader.row_id, other.row_id}, {}, now=10.0)
+    assert found.plans == []

@@ -28,7 +28,14 @@ from lakeprop.engine.model import (
     TableRef,
     source_gone,
 )
-from lakeprop.engine.triggers import JobView, eligible_at, is_eligible, plan_table, probe_from
+from lakeprop.engine.triggers import (
+    JobView,
+    JoinedWatch,
+    eligible_at,
+    is_eligible,
+    plan_table,
+    probe_from,
+)
 from lakeprop.errors import ErrorCode, SourceTableError
 from lakeprop.registry import get_consumer_type
 from lakeprop.spec import JobRef, JobSpec
@@ -120,7 +127,7 @@ class TriggerSelection:
         selected = Selected()
         due: list[tuple[TableRef, list[JobView], int | None]] = []
         by_table = self._views(rows, in_flight, retries)
-        joined = {name for views in by_table.values() for v in views for name, _, _ in v.joined}
+        joined = {w.name for views in by_table.values() for v in views for w in v.joined}
         self.watched = frozenset((t.database, t.table) for t in by_table) | frozenset(
             (database, table) for database, _, table in (n.partition(".") for n in joined)
         )
@@ -148,16 +155,20 @@ class TriggerSelection:
     ) -> None:
         """An empty tail (its watermark to itself) for every eligible job not planned
         this round whose joined tables moved past the versions its target reflects:
-        its iteration reads their changes (:meth:`Consumer.joined_sources`)."""
+        its iteration reads their changes (:meth:`Consumer.joined_sources`). Only for
+        a job in step with its own table: one behind it gets a tail of its own table
+        in its turn (a default job's catch-up), which reads them too, and an empty
+        tail in flight would hold that turn up."""
         planned = {m.ref for p in selected.plans for m in p.members} | set(selected.failed)
         for table, views in by_table.items():
             for view in views:
                 if (
                     not view.joined
                     or view.watermark is None
+                    or view.watermark != self.latest.get(table)
                     or view.ref in planned
                     or not is_eligible(view, now)
-                    or not self._joined_moved(view)
+                    or not self._joined_moved(view, now)
                 ):
                     continue
                 selected.plans.append(
@@ -173,19 +184,28 @@ class TriggerSelection:
                 if view.ref in selected.fresh:
                     selected.fresh.remove(view.ref)
 
-    def _joined_moved(self, view: JobView) -> bool:
-        """Whether a joined table of the job has a version its target does not reflect
-        (or cannot be found: its iteration then says so)."""
-        for _, location, version in view.joined:
-            if location is None or version is None:
+    def _joined_moved(self, view: JobView, now: float) -> bool:
+        """Whether a joined table of the job has a version its target does not reflect,
+        or is another table than the one it reflects (re-created: read again once per
+        ``identity_interval``), or cannot be found (its iteration then says so)."""
+        for watch in view.joined:
+            if watch.location is None or watch.version is None:
                 return True
-            if self.probe.changed_since(location, version) is not False:
+            changed = self.probe.changed_since(watch.location, watch.version)
+            if changed is None:  # gone from there: look it up again next time
+                self._locations = {t: p for t, p in self._locations.items() if p != watch.location}
                 return True
+            if changed:
+                return True
+            database, _, table = watch.name.partition(".")
+            checked = TableRef(-1, database, table)  # its identity, whoever reads it
+            if watch.table_id is not None and self._identity_due(checked, now):
+                current = self.probe.table_id(watch.location)
+                if current is not None and current != watch.table_id:
+                    return True
         return False
 
-    def _joined_of(
-        self, row: CatalogRow, spec: JobSpec
-    ) -> tuple[tuple[str, str | None, int | None], ...]:
+    def _joined_of(self, row: CatalogRow, spec: JobSpec) -> tuple[JoinedWatch, ...]:
         """The tables the job reads beside its source, where they are, and the version
         of each its status says its target reflects (:attr:`JobView.joined`)."""
         consumer = spec.iteration.consumer
@@ -197,7 +217,7 @@ class TriggerSelection:
         if not sources:
             return ()
         marks = joined_marks(row.job_status)
-        found: list[tuple[str, str | None, int | None]] = []
+        found: list[JoinedWatch] = []
         for source in sources:
             ref = TableRef(row.account_id, source.database, source.table)
             try:
@@ -206,7 +226,14 @@ class TriggerSelection:
                 log.debug("joined table %s of job %s not found: %s", source.name, row.key, exc)
                 location = None
             mark = marks.get(source.name)
-            found.append((source.name, location, None if mark is None else mark.version))
+            found.append(
+                JoinedWatch(
+                    source.name,
+                    location,
+                    None if mark is None else mark.version,
+                    None if mark is None else mark.table_id,
+                )
+            )
         return tuple(found)
 
     def _wants(

@@ -32,6 +32,20 @@ from lakeprop.spec import JobRef, TriggerKind
 
 
 @dataclass(frozen=True)
+class JoinedWatch:
+    """A table a job reads beside its source, as trigger selection watches it."""
+
+    name: str
+    """``database.table``."""
+    location: str | None
+    """None: it cannot be found."""
+    version: int | None
+    """The version the job's target reflects (None: not known, as after a resync)."""
+    table_id: str | None = None
+    """Its identity at that version."""
+
+
+@dataclass(frozen=True)
 class JobView:
     """What trigger selection needs to know of one live job."""
 
@@ -51,10 +65,9 @@ class JobView:
     """Retry backoff: not eligible before this time."""
     failed: bool = False
     """In state ``error``: waits for a person (update_spec) before it runs again."""
-    joined: tuple[tuple[str, str | None, int | None], ...] = ()
-    """For a job that reads tables beside its source (a join): each one's name,
-    location (None: it cannot be found) and the version its target reflects (None:
-    not known, as after a resync)."""
+    joined: tuple[JoinedWatch, ...] = ()
+    """For a job that reads tables beside its source (a join): what selection watches
+    of each."""
 
 
 @dataclass

@@ -28,14 +28,16 @@ gone, is a resync: the whole view is recomputed and replaces the target.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.changes.feed import unreadable
+from lakeprop.changes.feed import CHANGE_TYPE, INSERT, POSTIMAGE, own_columns, unreadable
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.join_view import sql
 from lakeprop.consumers.join_view.options import JoinViewOptions, parse_options
@@ -48,6 +50,8 @@ from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY
 
 log = logging.getLogger(__name__)
 
+GLOBAL_TEMP = "spark.sql.globalTempDatabase"
+"""Where Spark keeps views every session of the application sees."""
 _OP = "__jv_op"
 """The MERGE source's column saying whether a row is written (``u``) or deleted (``d``)."""
 
@@ -100,21 +104,36 @@ class JoinViewConsumer(Consumer):
         super().__init__(context)
         self.view: JoinViewOptions = parse_options(context.options)
         self.names = {s.alias: s.name for s in self.view.query.sources}
-        self._prefix = f"__jv{context.job_id}"
+        self._prefix = f"__jv{context.job_id}_{uuid.uuid4().hex[:8]}"
+        """This iteration's views: global (the change set was read in the worker's
+        session, the SQL runs in this member's), named apart, dropped at the end."""
+        self._schema = str(context.spark.conf.get(GLOBAL_TEMP, "global_temp"))
+        self._made: list[str] = []
 
     # -- the engine's two calls ---------------------------------------------------
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
-        try:
+        with self._views_dropped():
             return self._rebuild(self._kept(rows), version, self._pinned())
-        except AnalysisException as exc:
-            raise _explained(exc, self.view) from exc
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
-        try:
+        with self._views_dropped():
             return self._apply(changes, to_version)
+
+    @contextmanager
+    def _views_dropped(self) -> Iterator[None]:
+        """The views this iteration registers dropped on the way out; a query that no
+        longer resolves against the tables explained."""
+        try:
+            yield
         except AnalysisException as exc:
-            raise _explained(exc, self.view) from exc
+            explained = _explained(exc, self.view)
+            if explained is exc:
+                raise
+            raise explained from exc
+        finally:
+            for view in self._made:
+                self.context.spark.catalog.dropGlobalTempView(view)
 
     def _apply(self, changes: DataFrame, to_version: int) -> int:
         target = self.require_target()
@@ -159,17 +178,24 @@ class JoinViewConsumer(Consumer):
     ) -> int:
         """Steps 1 to 3 of the module: the affected keys of the first table's
         ``changes`` (None: it did not move) and of the ``moved`` joined tables'
-        changes, their rows recomputed and MERGEd."""
-        views = self._views(self._first_at(to_version), pinned)
+        changes, their rows recomputed and MERGEd. Where only the first table moved,
+        its rows of the affected keys are the last change of each (none for a key
+        whose last change took it away): the table itself is not read."""
+        if changes is not None and not moved:
+            first = self._kept(self._latest_rows(changes))
+        else:
+            first = self._first_at(to_version)
+        views = self._views(first, pinned)
         images: dict[str, str] = {}
         if changes is not None:
             images[self.first] = self._register("d_" + self.first, changes)
         for alias, (start, end) in moved.items():
             images[alias] = self._register("d_" + alias, self._changes_of(alias, start, end))
         spark = self.context.spark
-        keys = spark.sql(sql.affected(self.view, views, images)).localCheckpoint()
+        affected = sql.affected(self.view, views, images, self._schema)
+        keys = spark.sql(affected).localCheckpoint()
         keys_view = self._register("keys", keys)
-        fresh = spark.sql(sql.recompute(self.view, views, keys_view))
+        fresh = spark.sql(sql.recompute(self.view, views, keys_view, self._schema))
         return self._merge(target, fresh, keys)
 
     # -- the tables at their pinned versions ----------------------------------------
@@ -223,6 +249,13 @@ class JoinViewConsumer(Consumer):
         source = self.context.locate(key.database, key.table)
         return self._kept(source.load(source.reader().option("versionAsOf", version)))
 
+    def _latest_rows(self, changes: DataFrame) -> DataFrame:
+        """The first table's rows at the end of ``changes`` for the keys they hold: the
+        last change of each key where it leaves a row (an insert or a post-image)."""
+        latest = self.context.latest_changes(changes, list(self.view.keys[self.first]))
+        kept = latest.where(F.col(CHANGE_TYPE).isin(INSERT, POSTIMAGE))
+        return kept.select(*own_columns(kept.columns))
+
     def _kept(self, rows: DataFrame) -> DataFrame:
         """The first table's rows the job's ``drop`` rules keep: a row the rules drop
         is in no row of the view, however the view reaches it."""
@@ -253,7 +286,8 @@ class JoinViewConsumer(Consumer):
 
     def _register(self, name: str, frame: DataFrame) -> str:
         view = f"{self._prefix}_{name}"
-        frame.createOrReplaceTempView(view)
+        frame.createOrReplaceGlobalTempView(view)
+        self._made.append(view)
         return view
 
     # -- the writes ---------------------------------------------------------------
@@ -263,7 +297,11 @@ class JoinViewConsumer(Consumer):
         ``pinned`` versions of the others. No transaction id: a replay must write the
         view at its own pinned versions, which the status then records."""
         views = self._views(first, pinned)
-        data = self.context.spark.sql(sql.recompute(self.view, views, None))
+        data = self.context.spark.sql(sql.recompute(self.view, views, None, self._schema))
+        identity = [name for _, _, name in self.view.identity]
+        twice = data.groupBy(*identity).count().where("count > 1").limit(1).collect()
+        if twice:
+            raise _not_unique(self.view)
         writer = data.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         if self.change_feed:
             writer = writer.option(CHANGE_FEED_PROPERTY, "true")
@@ -309,11 +347,26 @@ class JoinViewConsumer(Consumer):
         return 0 if metrics is None else int(metrics["num_affected_rows"])
 
 
+_UNRESOLVED = ("UNRESOLVED_COLUMN", "FIELD_NOT_FOUND", "DATATYPE_MISMATCH")
+"""Spark's refusals of a query whose columns are not what they were (dropped, renamed,
+another type)."""
+
+
+def _not_unique(view: JoinViewOptions) -> PermanentError:
+    keys = {alias: list(columns) for alias, columns in view.keys.items()}
+    return PermanentError(
+        f"join_view: two rows of the view have the same identity, so a key named in the "
+        f"option keys ({keys}) is not unique in its table; name each table's primary key "
+        "and resync the job",
+        ErrorCode.CONSUMER_FAILED,
+    )
+
+
 def _explained(exc: Exception, view: JoinViewOptions) -> Exception:
     """``exc``, or a permanent error saying what to do: where the query no longer
     resolves against the tables (a column it reads was dropped or renamed), or where
     a named key is not one."""
-    if isinstance(exc, AnalysisException):
+    if isinstance(exc, AnalysisException) and any(m in str(exc) for m in _UNRESOLVED):
         first = str(exc).strip().splitlines()[0][:300]
         return PermanentError(
             f"join_view: the query no longer reads its tables as they are ({first}); "
@@ -322,13 +375,7 @@ def _explained(exc: Exception, view: JoinViewOptions) -> Exception:
         )
     if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" not in str(exc):
         return exc
-    keys = {alias: list(columns) for alias, columns in view.keys.items()}
-    return PermanentError(
-        f"join_view: two rows of the view have the same identity, so a key named in the "
-        f"option keys ({keys}) is not unique in its table; name each table's primary key "
-        "and resync the job",
-        ErrorCode.CONSUMER_FAILED,
-    )
+    return _not_unique(view)
 
 
 def _all(predicates: list[Column]) -> Column:
