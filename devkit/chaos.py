@@ -102,13 +102,14 @@ log = logging.getLogger("chaos")
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "id INT, name STRING, amount DOUBLE, body STRING, emb ARRAY<FLOAT>"
 TABLES = ("orders", "notes")
+CHAIN_SOURCE = "orders_repl_base"
+"""The target of the replica of ``orders``, which base jobs read: a two-step chain."""
 JOIN_QUERY = (
-    "SELECT o.id, o.amount, n.name AS note FROM chaos.orders AS o "
+    f"SELECT o.id, o.amount, n.name AS note FROM chaos.{CHAIN_SOURCE} AS o "
     "LEFT JOIN chaos.notes AS n ON o.id = n.id"
 )
-"""The join job's query: every order, with the name of the note of its id."""
-CHAIN_SOURCE = "orders_repl_base"
-"""The target of the replica of ``orders``, which a base job reads: a two-step chain."""
+"""The join job's query: every order of the replica, with the name of the note of its
+id (a step of the chain, kept from both tables' change feeds)."""
 WORDS = ["delta", "Lake", "the", "merge", "café", "log", "x", "Stream", "and", "kafka"]
 TOKENIZER = Tokenizer()
 
@@ -736,9 +737,10 @@ gc_retention = "4s"
         self.register(
             JobKey(1, "chaos", "notes", "aggr_greedy_base"), "aggregate_view", {"kind": "greedy"}
         )
-        # a join of both tables, in the orders' default group: due on a commit to either
-        self.register(JobKey(1, "chaos", "orders", "join_base"), "join", {"kind": "default"})
-        # a two-step chain: an aggregate view of the replica's target, with a drop rule
+        # a two-step chain: an aggregate view of the replica's target, with a drop rule,
+        # and a join of that target with the notes in its default group (due on a
+        # commit to either table)
+        self.register(JobKey(1, "chaos", CHAIN_SOURCE, "join_base"), "join", {"kind": "default"})
         self.register(
             JobKey(1, "chaos", CHAIN_SOURCE, "aggr_chain_base"),
             "aggr_rules",

@@ -264,3 +264,14 @@ def test_a_join_behind_its_own_table_waits_for_its_turn_not_an_empty_tail() -> N
     selection = TriggerSelection(Tables(Probe({"/w/db/orders": 5, "/w/db/customers": 9})))  # type: ignore[arg-type]
     found = selection.select(rows, {leader.row_id, other.row_id}, {}, now=10.0)
     assert found.plans == []
+
+
+def test_the_graph_draws_a_join_from_each_table_it_reads() -> None:
+    from lakeprop.pipeline import render
+
+    graph = Graph()
+    graph.add(JOIN, join_spec())
+    label = lambda key: key.job_name  # noqa: E731
+    assert render.text(graph, label) == "db.orders\n  └─ v (v) → db.orders_v (joins db.customers)"
+    drawn = render.mermaid(graph, label)
+    assert 't0 -->|"v: v"| t2' in drawn and 't1 -->|"v: v"| t2' in drawn, drawn

@@ -1,7 +1,7 @@
 """The pipeline graph drawn: as an indented tree of text, as Mermaid, or as DOT.
 
-Tables are the graph's nodes and jobs its edges, from a job's source to its
-target; a job whose target is no table (a Kafka change feed, a vector index)
+Tables are the graph's nodes and jobs its edges, from a job's source (and each
+table it joins) to its target; a job whose target is no table (a Kafka change feed, a vector index)
 ends in a node of its own. Pure: what ``lakeprop graph`` prints.
 """
 
@@ -60,6 +60,8 @@ def text(graph: Graph, label: Callable[[JobKey], str]) -> str:
             last = n == len(readers) - 1
             node = graph.nodes[key]
             target = "(no table)" if node.target is None else name(node.target)
+            if node.joined:
+                target += f" (joins {', '.join(name(t) for t in node.joined)})"
             glyph = "└─" if last else "├─"
             lines.append(f"{indent}  {glyph} {key.job_name} ({label(key)}) → {target}")
             if node.target is not None:
@@ -75,7 +77,7 @@ def _ids(graph: Graph) -> dict[Table | JobKey, str]:
     """Short node ids: a table's, or a target-less job's own end node."""
     ids: dict[Table | JobKey, str] = {}
     for node in _ordered(graph):
-        for table in (node.source, node.target):
+        for table in (node.source, *node.joined, node.target):
             if table is not None and table not in ids:
                 ids[table] = f"t{len(ids)}"
         if node.target is None:
@@ -98,8 +100,9 @@ def _drawn(
         for thing, ident in ids.items()
     ]
     edges = [
-        (ids[n.source], ids[n.key] if n.target is None else ids[n.target], _edge(n, label))
+        (ids[table], ids[n.key] if n.target is None else ids[n.target], _edge(n, label))
         for n in _ordered(graph)
+        for table in n.reads
     ]
     return nodes, edges
 
