@@ -275,3 +275,20 @@ def test_the_graph_draws_a_join_from_each_table_it_reads() -> None:
     assert render.text(graph, label) == "db.orders\n  └─ v (v) → db.orders_v (joins db.customers)"
     drawn = render.mermaid(graph, label)
     assert 't0 -->|"v: v"| t2' in drawn and 't1 -->|"v: v"| t2' in drawn, drawn
+
+
+def test_the_history_records_the_joined_versions_beside_the_range() -> None:
+    current = row()
+    plan = IterationPlan(
+        TableRef(0, "db", "orders"), IterationKind.TAIL, 5, (Member(current.row_id, 9, 3),), 0, 1.0
+    )
+    member = MemberResult(current.row_id, 9, "join_view")
+    member.joined = {"db.customers": JoinedMark(6, "cid"), "db.addresses": JoinedMark(2, "aid")}
+    record = IterationResult(plan, IterationKind.TAIL, 1.0, 2.0, members=[member]).record({})
+    (recorded,) = record.members
+    assert (record.from_version, record.to_version) == (3, 5)
+    assert json.loads(recorded.joined or "") == {"db.addresses": 2, "db.customers": 6}
+    plain = IterationResult(
+        plan, IterationKind.TAIL, 1.0, 2.0, members=[MemberResult(current.row_id, 9, "replica")]
+    )
+    assert plain.record({}).members[0].joined is None

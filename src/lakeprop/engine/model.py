@@ -8,6 +8,7 @@ watermark logic turns results into catalog rows. Jobs are referred to by
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -215,6 +216,11 @@ class IterationResult:
                     target_origin_table=None if m.wrote is None else m.wrote[1].name,
                     target_origin_at=(
                         None if m.wrote is None else datetime.fromtimestamp(m.wrote[1].at)
+                    ),
+                    joined=(
+                        None
+                        if not m.joined
+                        else json.dumps({n: j.version for n, j in sorted(m.joined.items())})
                     ),
                 )
                 for m in self.members

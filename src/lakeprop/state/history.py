@@ -68,6 +68,10 @@ class MemberRecord:
     restarted service credits the readers of that version with)."""
     target_origin_table: str | None = None
     target_origin_at: datetime | None = None
+    joined: str | None = None
+    """For a job reading tables beside its source (a join): the version of each its
+    write reflects, as JSON (``{"db.table": version}``), beside the range of its own
+    source the record's versions give."""
 
     def as_tuple(self) -> tuple[Any, ...]:
         return row_tuple(self)
