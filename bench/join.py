@@ -3,7 +3,7 @@ a full recompute of the same query and a hand-written stream-static join.
 
 Orders (``orders`` rows, ten per customer) LEFT JOIN customers (``customers``
 rows). Each commit changes 1 % of one side, alternating: orders get new amounts
-and a few new customers, customers get new names. lakeprop runs a real tail
+(a seventh of them another customer), customers get new names. lakeprop runs a real tail
 iteration of the job (hand-driven, the engine's own) after each commit; the
 baseline is what an open-source materialized view does, the query run over both
 tables whole and written over its target. A third side is the DIY stream-static

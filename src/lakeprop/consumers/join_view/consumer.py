@@ -194,6 +194,8 @@ class JoinViewConsumer(Consumer):
         spark = self.context.spark
         affected = sql.affected(self.view, views, images, self._schema)
         keys = spark.sql(affected).localCheckpoint()
+        if keys.isEmpty():  # no row of the view can have changed (an OPTIMIZE, say)
+            return 0
         keys_view = self._register("keys", keys)
         fresh = spark.sql(sql.recompute(self.view, views, keys_view, self._schema))
         return self._merge(target, fresh, keys)
