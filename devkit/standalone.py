@@ -84,7 +84,9 @@ class StandaloneCluster:
                     raise RuntimeError(f"a cluster process exited: {self.logs()}")
             try:
                 alive = self.state().get("aliveworkers")
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
+                # not listening yet, or its web UI answers the JSON path with its HTML
+                # page while it starts (a fresh-clone run saw it)
                 raise AssertionError(f"master not up yet: {exc}") from None
             assert alive == 1, alive
 
