@@ -36,6 +36,7 @@ the job is registered (types, functions that exist); this module needs no Spark.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -211,6 +212,14 @@ def parse_join_query(text: str, what: str = "join_view option query") -> JoinQue
     construct outside the shape a join view keeps."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidConsumerOptionsError(f"{what} must be a non-empty SQL SELECT")
+    return _parsed(text, what)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str, what: str) -> JoinQuery:
+    """:func:`parse_join_query` of a string, parsed once (the value is frozen): the
+    graph, the tenants' census and trigger selection ask for a join's tables each
+    time they look at its job. A refusal is not kept: it is raised every time."""
     try:
         statements = [s for s in sqlglot.parse(text, read="spark") if s is not None]
     except ParseError as exc:
