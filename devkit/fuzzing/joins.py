@@ -9,7 +9,8 @@ a tail of its first table (the engine's own iteration, hand-driven; a snapshot
 after its first table was re-created, as a resync does), and its target is
 compared whole with the same SQL run by Spark over the tables at the versions
 the job records (time travel). The joins are many-to-many (on ``grp``) and, with
-three tables, one to one (on ``id``), LEFT then INNER.
+three tables, one to one (on ``id``), LEFT then INNER; or, with three tables and
+an odd seed, each on its table's key (a fact with its dimensions).
 """
 
 from __future__ import annotations
@@ -33,7 +34,21 @@ THREE = (
     "SELECT a.id, a.v, b.name AS bname, c.v AS cv FROM fj.a AS a "
     "LEFT JOIN fj.b AS b ON a.grp = b.grp JOIN fj.c AS c ON b.id = c.id"
 )
+THREE_BY_KEY = (
+    "SELECT a.id, a.v, b.name AS bname, c.v AS cv FROM fj.a AS a "
+    "LEFT JOIN fj.b AS b ON a.grp = b.id JOIN fj.c AS c ON b.id = c.id WHERE a.v % 5 <> 0"
+)
+"""A fact with its dimensions: every join on the whole key of its table, so the view
+holds at most one row per row of ``a`` (the consumer's MERGE on ``a``'s key alone)."""
 OUTPUTS = {2: ("id", "v", "bv", "bname"), 3: ("id", "v", "bname", "cv")}
+
+
+def query_of(seed: int, tables: int) -> str:
+    """The seed's query: two tables many to many; three tables many to many (an even
+    seed) or each joined on its key (an odd one)."""
+    if tables == 2:
+        return TWO
+    return THREE_BY_KEY if seed % 2 else THREE
 
 
 class JoinFuzz:
@@ -49,7 +64,7 @@ class JoinFuzz:
             name: Source(spark, str(self.root / DATABASE / name), Shape.draw(self.rng))
             for name in names
         }
-        query = TWO if tables == 2 else THREE
+        query = query_of(seed, tables)
         options = {"query": query, "keys": {name: ["id"] for name in names}}
         self.driver = HandDriven(
             spark,

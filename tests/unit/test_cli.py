@@ -35,13 +35,15 @@ def test_the_job_table_shows_state_watermark_lag_and_the_last_error_in_one_line(
         job("copy", "completed", 7),
         job("idx", "error", 3, error_code=10202, error_msg="source shop.items was\nreplaced " * 9),
         job("new", "pending", None),
+        job("join", "completed", 8, joined={"shop.prices": {"version": 3, "table_id": "t"}}),
     ]
     assert job_table(jobs, {("shop", "items"): 9}).splitlines() == [
-        "JOB                ID  STATE      WATERMARK  LAG  LAST ERROR",
-        "1/shop.items/copy  4   completed  7          2",
-        "1/shop.items/idx   3   error      3          6    "
+        "JOB                ID  STATE      WATERMARK         LAG  LAST ERROR",
+        "1/shop.items/copy  4   completed  7                 2",
+        "1/shop.items/idx   3   error      3                 6    "
         "[10202] source shop.items was replaced source shop.items wa…",
-        "1/shop.items/new   3   pending    -          -",
+        "1/shop.items/new   3   pending    -                 -",
+        "1/shop.items/join  4   completed  8 +shop.prices@3  1",
     ]
 
 

@@ -26,6 +26,7 @@ from lakeprop.pipeline.freshness import Origin, Origins
 from lakeprop.service.events import iteration_events
 from lakeprop.spec import JobKey, JobSpec, merge_spec
 from lakeprop.state.history import RuleCount
+from lakeprop.state.status import JoinedMark
 
 
 def replica(**options: Any) -> dict[str, Any]:
@@ -167,6 +168,11 @@ def test_an_iteration_tells_its_events() -> None:
     first = events[0]
     assert first.message.startswith("tail of db.orders versions 5..6: 2 job(s), 12 row(s) read")
     assert json.loads(first.details or "")["outcome"] == "partial"
+    assert "joined" not in json.loads(first.details or "")  # no member reads a joined table
+    member.joined = {"db.prices": JoinedMark(4, "t1")}
+    assert json.loads(iteration_events(result)[0].details or "")["joined"] == {
+        str(member.job_id): {"db.prices": 4}
+    }
     assert json.loads(events[1].details or "") == {
         "expectation": "amount_known",
         "action": "drop",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from devkit.join_model import Row, affected_keys, evaluate
-from lakeprop.consumers.join_view.plan import discovery_joins, path_to
+from lakeprop.consumers.join_view.plan import discovery_joins, one_row_per_first_key, path_to
 from lakeprop.consumers.join_view.query import parse_join_query
 
 STAR = parse_join_query(
@@ -120,3 +120,24 @@ def test_the_affected_keys_are_exactly_those_a_change_reaches() -> None:
     assert affected_keys(CHAIN, new, changed_b, ["id"]) == {(2,)}
     changed_a = {"a": [{"id": 3, "x": None}]}
     assert affected_keys(CHAIN, new, changed_a, ["id"]) == {(3,)}
+
+
+DIMENSIONS = parse_join_query(
+    "SELECT o.id, c.name, r.label FROM s.o o LEFT JOIN s.c c ON o.cid = c.cid "
+    "JOIN s.r r ON r.rid = c.rid AND r.kind = c.kind"
+)
+
+
+def test_a_view_whose_every_join_meets_its_tables_key_has_one_row_per_first_key() -> None:
+    keys = {"o": ("id",), "c": ("cid",), "p": ("pid",), "r": ("rid", "KIND")}
+    assert one_row_per_first_key(STAR, keys)
+    assert one_row_per_first_key(DIMENSIONS, keys)
+    assert not one_row_per_first_key(DIMENSIONS, {**keys, "r": ("rid", "kind", "at")})
+    assert not one_row_per_first_key(STAR, {**keys, "c": ("cid", "region")})
+    assert not one_row_per_first_key(CHAIN, {"a": ("id",), "b": ("bid",), "c": ("cid",)})
+    # and the model agrees: with unique keys, each first row makes at most one row
+    rng = random.Random(7)
+    for _ in range(200):
+        tables = {a: list(_table(rng, cols, KEYS[a]).values()) for a, cols in COLUMNS[STAR].items()}
+        rows = _by_key(STAR, evaluate(STAR, tables))
+        assert all(len(combos) == 1 for combos in rows.values()), rows

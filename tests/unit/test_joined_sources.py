@@ -223,6 +223,7 @@ def test_explain_names_the_versions_keys_technique_and_the_layout_each_lookup_ne
         "  __r__zone = r.zone",
     ]
     assert "technique: incremental from every table's change feed" in text
+    assert "MERGEd on o's key alone" in text  # every join meets its table's whole key
     assert (
         "  db.orders (looked up by customer_id): warning: neither clustered nor partitioned "
         "on customer_id; each iteration that reads it scans it whole "

@@ -118,6 +118,19 @@ def accounts_table(rows: Sequence[AccountRow]) -> str:
     )
 
 
+def watermark_cell(job: JobInfo) -> str:
+    """The job's watermark, and for a job that reads tables beside its source (a join)
+    the version of each that its target reflects: ``7 +shop.prices@3``."""
+    marks = job.status.get("joined") if isinstance(job.status, dict) else None
+    if not isinstance(marks, dict) or not marks:
+        return _cell(job.watermark)
+    joined = " ".join(
+        f"+{name}@{mark.get('version', '?') if isinstance(mark, dict) else '?'}"
+        for name, mark in sorted(marks.items())
+    )
+    return f"{_cell(job.watermark)} {joined}"
+
+
 def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | None]) -> str:
     """One row per job; ``latest`` maps (database, table) to the source's version. Jobs
     served by several instances (``cluster.enabled``) also show their owner."""
@@ -127,7 +140,7 @@ def job_table(jobs: Sequence[JobInfo], latest: Mapping[tuple[str, str], int | No
             f"{j.key.account_id}/{j.key.database}.{j.key.table}/{j.key.job_name}",
             str(j.job_id),
             (j.state + (" (waiting)" if j.waiting else "")) if j.drop_at is None else "dropped",
-            _cell(j.watermark),
+            watermark_cell(j),
             _cell(lag(j, latest.get((j.key.database, j.key.table)))),
             last_error(j),
             *((_cell(j.owner),) if owned else ()),

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from lakeprop.engine.model import IterationResult
 from lakeprop.engine.ownership import SlotChanges
@@ -184,6 +185,17 @@ def _owned(event: EventRecord, instance: str) -> EventRecord:
     return replace(event, instance=instance)
 
 
+def _joined(result: IterationResult) -> dict[str, Any]:
+    """``joined``: for each member that reads tables beside its source (a join), by job
+    id, the version of each its write reflects; nothing when no member does."""
+    joined = {
+        str(m.job_id): {name: mark.version for name, mark in sorted(m.joined.items())}
+        for m in result.members
+        if m.joined
+    }
+    return {"joined": joined} if joined else {}
+
+
 def iteration_events(result: IterationResult) -> list[EventRecord]:
     """An iteration's events: the iteration, each member's error, each rule's count."""
     plan = result.plan
@@ -227,6 +239,7 @@ def iteration_events(result: IterationResult) -> list[EventRecord]:
                     "seconds": round(seconds, 3),
                     "path": result.path,
                     "resync_reason": result.resync_reason or None,
+                    **_joined(result),
                 }
             ),
         )

@@ -41,6 +41,7 @@ from lakeprop.changes.feed import CHANGE_TYPE, INSERT, POSTIMAGE, own_columns, u
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.join_view import sql
 from lakeprop.consumers.join_view.options import JoinViewOptions, parse_options
+from lakeprop.consumers.join_view.plan import one_row_per_first_key
 from lakeprop.consumers.options import TARGET_OPTIONS
 from lakeprop.errors import ErrorCode, PermanentError
 from lakeprop.registry import JoinedSource
@@ -50,10 +51,17 @@ from lakeprop.tables.resolve import CHANGE_FEED_PROPERTY
 
 log = logging.getLogger(__name__)
 
+DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
+"""On for the targets a join view creates: a key's rows are spread over every file
+of the view, and a MERGE that marks the replaced rows instead of rewriting their
+files costs a fraction (decision 0013)."""
 GLOBAL_TEMP = "spark.sql.globalTempDatabase"
 """Where Spark keeps views every session of the application sees."""
 _OP = "__jv_op"
-"""The MERGE source's column saying whether a row is written (``u``) or deleted (``d``)."""
+"""The MERGE source's column saying whether a row is written (``u``) or deleted (``d``;
+NULL: the first table's key has no row in the view any more)."""
+_KEY = "__jv_key"
+"""The MERGE source's columns of the first table's key (numbered)."""
 
 
 def _unique(columns: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -109,6 +117,7 @@ class JoinViewConsumer(Consumer):
         session, the SQL runs in this member's), named apart, dropped at the end."""
         self._schema = str(context.spark.conf.get(GLOBAL_TEMP, "global_temp"))
         self._made: list[str] = []
+        self._by_first_key = one_row_per_first_key(self.view.query, self.view.keys)
 
     # -- the engine's two calls ---------------------------------------------------
 
@@ -304,7 +313,12 @@ class JoinViewConsumer(Consumer):
         twice = data.groupBy(*identity).count().where("count > 1").limit(1).collect()
         if twice:
             raise _not_unique(self.view)
-        writer = data.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        writer = (
+            data.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .option(DELETION_VECTORS_PROPERTY, "true")  # a new target's; see decision 0013
+        )
         if self.change_feed:
             writer = writer.option(CHANGE_FEED_PROPERTY, "true")
         self.target.save(writer)
@@ -317,6 +331,8 @@ class JoinViewConsumer(Consumer):
         """Replace the target's rows of the first-table ``keys`` with ``fresh``: a row
         whose identity and columns came out the same is left alone, a row no longer
         produced is deleted."""
+        if self._by_first_key:
+            return self._merge_by_key(target, fresh, keys)
         identity = [name for _, _, name in self.view.identity]
         first_key = [name for alias, _, name in self.view.identity if alias == self.first]
         key_columns = self.view.keys[self.first]
@@ -334,19 +350,53 @@ class JoinViewConsumer(Consumer):
         )
         matched = _all([F.col(f"t.`{c}`").eqNullSafe(F.col(f"s.`{c}`")) for c in identity])
         outputs = [c for c in columns if c not in identity]
-        differs = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in outputs) if outputs else "false"
         values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
         metrics = (
             target.delta()
             .alias("t")
             .merge(source.alias("s"), matched)
             .whenMatchedDelete(condition=f"s.{_OP} = 'd'")
-            .whenMatchedUpdate(condition=f"s.{_OP} = 'u' AND ({differs})", set=values)
+            .whenMatchedUpdate(condition=f"s.{_OP} = 'u' AND ({_differs(outputs)})", set=values)
             .whenNotMatchedInsert(condition=f"s.{_OP} = 'u'", values=values)
             .execute()
             .first()
         )
         return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def _merge_by_key(self, target: Any, fresh: DataFrame, keys: DataFrame) -> int:
+        """:meth:`_merge` where the view holds at most one row per first-table key
+        (:func:`~.plan.one_row_per_first_key`): each key meets its fresh row, or none
+        where the key left the view, and the MERGE matches the target on the key
+        alone, so the target is not read beforehand to find the rows that went."""
+        first_key = [name for alias, _, name in self.view.identity if alias == self.first]
+        wanted = [keys[k].alias(f"{_KEY}{i}") for i, k in enumerate(self.view.keys[self.first])]
+        asked = keys.select(*wanted)
+        on = [asked[f"{_KEY}{i}"].eqNullSafe(fresh[c]) for i, c in enumerate(first_key)]
+        columns = fresh.columns
+        source = asked.join(fresh.withColumn(_OP, F.lit("u")), _all(on), "left")
+        matched = _all(
+            [F.col(f"t.`{c}`").eqNullSafe(F.col(f"s.`{_KEY}{i}`")) for i, c in enumerate(first_key)]
+        )
+        others = [c for c in columns if c not in first_key]
+        values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
+        metrics = (
+            target.delta()
+            .alias("t")
+            .merge(source.alias("s"), matched)
+            .whenMatchedDelete(condition=f"s.{_OP} IS NULL")
+            .whenMatchedUpdate(condition=f"s.{_OP} = 'u' AND ({_differs(others)})", set=values)
+            .whenNotMatchedInsert(condition=f"s.{_OP} = 'u'", values=values)
+            .execute()
+            .first()
+        )
+        return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+
+def _differs(columns: list[str]) -> str:
+    """SQL: a target row ``t`` differs from its source row ``s`` in one of ``columns``."""
+    if not columns:
+        return "false"
+    return " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in columns)
 
 
 _UNRESOLVED = ("UNRESOLVED_COLUMN", "FIELD_NOT_FOUND", "DATATYPE_MISMATCH")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lakeprop.consumers.join_view.options import JoinViewOptions
+from lakeprop.consumers.join_view.plan import one_row_per_first_key
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,16 @@ def explain(
     lines.append("target keys (the view's identity):")
     for alias, column, name in view.identity:
         lines.append(f"  {name} = {alias}.{column}")
+    merged = (
+        f"MERGEd on {query.first.alias}'s key alone (every join meets its table's whole "
+        "key: one row per first-table row)"
+        if one_row_per_first_key(query, view.keys)
+        else "MERGEd on the identity"
+    )
     lines.append(
         "technique: incremental from every table's change feed: the first table's keys "
         "that the changes touch are found through the joins and recomputed, every table "
-        "pinned at its version, and MERGEd on the identity"
+        f"pinned at its version, and {merged}"
     )
     lines.append("layout:")
     for source in query.sources:

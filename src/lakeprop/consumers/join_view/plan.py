@@ -28,6 +28,8 @@ This module says which joins each step needs; running them is the consumer's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from lakeprop.consumers.join_view.query import Join, JoinQuery
 
 
@@ -53,3 +55,16 @@ def path_to(query: JoinQuery, alias: str) -> tuple[Join, ...]:
 def discovery_joins(query: JoinQuery) -> dict[str, tuple[Join, ...]]:
     """For each source, the joins step 1 runs against its changes (see the module)."""
     return {source.alias: path_to(query, source.alias) for source in query.sources}
+
+
+def one_row_per_first_key(query: JoinQuery, keys: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether the view holds at most one row per row of the first table: every join
+    matches its table on the whole of that table's key (``keys``, by alias), so that
+    each row it joins to meets at most one of its rows (a fact joined with its
+    dimensions). Then a row of the view is found by the first table's key alone, and
+    the target's rows of a key are replaced without reading them first."""
+    for join in query.joins:
+        matched = {right.name.lower() for _, right in join.on}
+        if not {c.lower() for c in keys[join.source.alias]} <= matched:
+            return False
+    return True

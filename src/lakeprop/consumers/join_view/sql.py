@@ -39,7 +39,7 @@ def affected(
     changes: Mapping[str, str],
     schema: str | None = None,
 ) -> str:
-    """The first table's distinct keys whose rows the changes can touch (step 1):
+    """The first table's distinct keys whose rows the changes can touch (step 1), each once:
     ``changes`` maps each changed source's alias to a view of its pre- and
     post-images, ``views`` every source's alias to its view at the new versions."""
     return " UNION ".join(affected_parts(options, views, changes, schema))
@@ -58,14 +58,16 @@ def affected_parts(
     parts = []
     for alias, images in changes.items():
         if alias == first:
-            parts.append(f"SELECT {selected} FROM {_relation(images, schema)} AS {quote(first)}")
+            parts.append(
+                f"SELECT DISTINCT {selected} FROM {_relation(images, schema)} AS {quote(first)}"
+            )
             continue
         joins = "".join(
             _join(j, images if j.source.alias == alias else views[j.source.alias], "INNER", schema)
             for j in path_to(query, alias)
         )
         source = _relation(views[first], schema)
-        parts.append(f"SELECT {selected} FROM {source} AS {quote(first)}{joins}")
+        parts.append(f"SELECT DISTINCT {selected} FROM {source} AS {quote(first)}{joins}")
     if not parts:
         raise ValueError("no source changed")
     return parts
