@@ -331,10 +331,16 @@ class JoinViewConsumer(Consumer):
         """Replace the target's rows of the first-table ``keys`` with ``fresh``: a row
         whose identity and columns came out the same is left alone, a row no longer
         produced is deleted."""
-        if self._by_first_key:
-            return self._merge_by_key(target, fresh, keys)
         identity = [name for _, _, name in self.view.identity]
         first_key = [name for alias, _, name in self.view.identity if alias == self.first]
+        fresh = fresh.localCheckpoint()
+        # A MERGE refuses two source rows meeting one target row, but inserts both
+        # where none is there yet: a key that is not one is caught here instead
+        twice = fresh.groupBy(*(first_key if self._by_first_key else identity)).count()
+        if twice.where("count > 1").limit(1).collect():
+            raise _not_unique(self.view)
+        if self._by_first_key:
+            return self._merge_by_key(target, fresh, keys)
         key_columns = self.view.keys[self.first]
         current = target.load(target.reader())
         on_keys = [
