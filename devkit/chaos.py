@@ -120,6 +120,7 @@ KILL_POINTS = frozenset(
         "iteration.after_writes",
         "iteration.snapshot",
         "index.written",
+        "join_view.written",
     }
 )
 """Points crashed by a process death; every other point raises in-process."""
@@ -659,6 +660,11 @@ gc_retention = "4s"
         """A commit to the table the SCD type 2 job reads."""
         self.commit("orders")
 
+    def commit_notes(self) -> None:
+        """A commit to the table the join job joins: the join's iteration follows (an
+        empty tail of its own table when it is in step with it)."""
+        self.commit("notes")
+
     def register_new(self) -> None:
         """A new job: its initial snapshot is an iteration of its own."""
         live = self.extra_jobs()
@@ -705,6 +711,7 @@ gc_retention = "4s"
             "bulk.applied": self.bulk_resync,
             "index.written": self.churn_vectors,
             "auto_cdc.between_writes": self.commit_orders,
+            "join_view.written": self.commit_notes,
         }
         return drivers[point] if point else self.step
 

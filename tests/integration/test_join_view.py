@@ -179,7 +179,7 @@ def test_a_join_view_follows_both_tables(
 THREE = (
     "SELECT o.id, o.amount, c.name, r.label AS region "
     "FROM j.orders AS o JOIN j.customers AS c ON o.customer_id = c.id "
-    "LEFT JOIN j.regions AS r ON c.region_id = r.id"
+    "LEFT JOIN j.regions AS r ON c.region_id = r.id WHERE o.amount > 0"
 )
 
 
@@ -215,7 +215,8 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
             driver.read().select("id", "amount", "name", "region"),
             spark.sql(
                 "SELECT o.id, o.amount, c.name, r.label AS region FROM jv_o AS o "
-                "JOIN jv_c AS c ON o.customer_id = c.id LEFT JOIN jv_r AS r ON c.region_id = r.id"
+                "JOIN jv_c AS c ON o.customer_id = c.id LEFT JOIN jv_r AS r ON c.region_id = r.id "
+                "WHERE o.amount > 0"
             ),
             ignore_row_order=True,
             ignore_nullable=True,
@@ -239,7 +240,7 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
     tail()
     run("customers", "UPDATE {t} SET region_id = 2 WHERE id = 10")  # a key of the path moves
     run("customers", "INSERT INTO {t} VALUES (40, 'di', 2)")
-    run("orders", "INSERT INTO {t} VALUES (5, 40, 9.0), (6, 30, 1.5)")
+    run("orders", "INSERT INTO {t} VALUES (5, 40, 9.0), (6, 30, 1.5), (7, NULL, 1.0)")
     tail()  # all three moved
     before = (driver.watermark, dict(driver.joined))
     run("orders", "UPDATE {t} SET customer_id = 20 WHERE id = 1")
@@ -248,6 +249,8 @@ def test_a_three_table_join_is_exact_through_every_kind_of_change_and_a_lost_sta
     driver.watermark, driver.joined = before  # the write stood; the catalog lost its record
     run("customers", "DELETE FROM {t} WHERE id = 20")  # orders 1 and 3 leave the inner join
     run("orders", "UPDATE {t} SET id = 11 WHERE id = 2")  # a key-changing update
+    tail()
+    run("orders", "UPDATE {t} SET amount = -1.0 WHERE id = 6")  # filtered out
     tail()
     run("regions", "INSERT OVERWRITE {t} VALUES (1, 'n'), (2, 's'), (3, 'w')")
     tail()
@@ -281,3 +284,38 @@ def the_job_fails_saying_what_to_do(
     with pytest.raises(IterationFailed, match="no longer reads its tables") as failed:
         driver.tail(latest_version(spark, paths["orders"]))
     assert failed.value.code == ErrorCode.SOURCE_SCHEMA_CHANGED
+
+
+def test_keys_joined_across_types_keep_every_row_they_meet(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A dimension keyed by a string joined on an integer: Spark casts, so two distinct
+    keys ('1' and '01') meet one order, and the view holds two rows of it although
+    every join is on its table's key. Both are kept, and the one whose key goes is
+    deleted alone."""
+    warehouse = str(tmp_path / "warehouse")
+    orders, codes = f"{warehouse}/j/orders", f"{warehouse}/j/codes"
+    cdf_table(spark, orders, "id INT, code INT")
+    cdf_table(spark, codes, "id STRING, label STRING")
+    spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 1), (2, 2)")
+    spark.sql(f"INSERT INTO delta.`{codes}` VALUES ('1', 'one'), ('01', 'uno'), ('2', 'two')")
+    query = "SELECT o.id, c.label FROM j.orders AS o JOIN j.codes AS c ON o.code = c.id"
+    driver = HandDriven(
+        spark,
+        warehouse,
+        JobKey(1, "j", "orders", "coded"),
+        {"type": "join_view", "options": {"query": query, "keys": {"o": ["id"], "c": ["id"]}}},
+    )
+
+    def check(*rows: tuple[int, str]) -> None:
+        assert sorted(map(tuple, driver.read().select("id", "label").collect())) == list(rows)
+
+    driver.snapshot(latest_version(spark, orders))
+    check((1, "one"), (1, "uno"), (2, "two"))
+    spark.sql(f"DELETE FROM delta.`{codes}` WHERE id = '01'")
+    driver.tail(latest_version(spark, orders))
+    check((1, "one"), (2, "two"))
+    spark.sql(f"UPDATE delta.`{codes}` SET label = 'eins' WHERE id = '1'")
+    spark.sql(f"INSERT INTO delta.`{codes}` VALUES ('001', 'un')")
+    driver.tail(latest_version(spark, orders))
+    check((1, "eins"), (1, "un"), (2, "two"))

@@ -31,6 +31,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.errors import AnalysisException
@@ -44,6 +45,8 @@ from lakeprop.consumers.join_view.options import JoinViewOptions, parse_options
 from lakeprop.consumers.join_view.plan import one_row_per_first_key
 from lakeprop.consumers.options import TARGET_OPTIONS
 from lakeprop.errors import ErrorCode, PermanentError
+from lakeprop.faults import fault_point
+from lakeprop.identifiers import quote
 from lakeprop.registry import JoinedSource
 from lakeprop.state.status import JoinedMark
 from lakeprop.tables.probe import DeltaLogProbe
@@ -117,17 +120,23 @@ class JoinViewConsumer(Consumer):
         session, the SQL runs in this member's), named apart, dropped at the end."""
         self._schema = str(context.spark.conf.get(GLOBAL_TEMP, "global_temp"))
         self._made: list[str] = []
-        self._by_first_key = one_row_per_first_key(self.view.query, self.view.keys)
+        self._keyed_joins = one_row_per_first_key(self.view.query, self.view.keys)
+        """Every join meets its table's whole key (whether each pair of joined columns
+        is also of one type is known once the tables are read: :meth:`_by_key_of`)."""
 
     # -- the engine's two calls ---------------------------------------------------
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         with self._views_dropped():
-            return self._rebuild(self._kept(rows), version, self._pinned())
+            written = self._rebuild(self._kept(rows), version, self._pinned())
+        fault_point("join_view.written")
+        return written
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         with self._views_dropped():
-            return self._apply(changes, to_version)
+            written = self._apply(changes, to_version)
+        fault_point("join_view.written")
+        return written
 
     @contextmanager
     def _views_dropped(self) -> Iterator[None]:
@@ -207,7 +216,7 @@ class JoinViewConsumer(Consumer):
             return 0
         keys_view = self._register("keys", keys)
         fresh = spark.sql(sql.recompute(self.view, views, keys_view, self._schema))
-        return self._merge(target, fresh, keys)
+        return self._merge(target, fresh, keys, self._by_key_of(views))
 
     # -- the tables at their pinned versions ----------------------------------------
 
@@ -309,10 +318,7 @@ class JoinViewConsumer(Consumer):
         view at its own pinned versions, which the status then records."""
         views = self._views(first, pinned)
         data = self.context.spark.sql(sql.recompute(self.view, views, None, self._schema))
-        identity = [name for _, _, name in self.view.identity]
-        twice = data.groupBy(*identity).count().where("count > 1").limit(1).collect()
-        if twice:
-            raise _not_unique(self.view)
+        self._check_unique(data, self._by_key_of(views))
         writer = (
             data.write.format("delta")
             .mode("overwrite")
@@ -327,24 +333,68 @@ class JoinViewConsumer(Consumer):
         self.context.joined.update(pinned)
         return int(self.target.load(self.target.reader()).count())
 
-    def _merge(self, target: Any, fresh: DataFrame, keys: DataFrame) -> int:
+    def _by_key_of(self, views: Mapping[str, str]) -> bool:
+        """Whether the view holds at most one row per first-table key: every join meets
+        its table's whole key, and each pair of joined columns is of one type in the
+        tables ``views`` read (where Spark casts one side, two distinct keys of a
+        table can meet one row: '1' and '01' both equal 1)."""
+        if not self._keyed_joins:
+            return False
+        spark = self.context.spark
+        types = {
+            alias: {f.name.lower(): f.dataType for f in spark.table(self._qualified(view)).schema}
+            for alias, view in views.items()
+        }
+        return all(
+            types[left.alias].get(left.name.lower()) == types[right.alias].get(right.name.lower())
+            for join in self.view.query.joins
+            for left, right in join.on
+        )
+
+    def _qualified(self, view: str) -> str:
+        return f"{quote(self._schema)}.{quote(view)}"
+
+    def _check_unique(self, rows: DataFrame, by_key: bool) -> None:
+        """Fail saying a named key is not one where two of the view's ``rows`` have one
+        identity, or one first-table key where the view is kept by that key (a MERGE
+        refuses two source rows meeting one target row, but inserts both where none is
+        there yet)."""
+        first_key = [name for alias, _, name in self.view.identity if alias == self.first]
+        unique = first_key if by_key else [name for _, _, name in self.view.identity]
+        if rows.groupBy(*unique).count().where("count > 1").limit(1).collect():
+            raise _not_unique(self.view)
+
+    def _merge(self, target: Any, fresh: DataFrame, keys: DataFrame, by_key: bool) -> int:
         """Replace the target's rows of the first-table ``keys`` with ``fresh``: a row
         whose identity and columns came out the same is left alone, a row no longer
-        produced is deleted."""
+        produced is deleted. ``by_key``: on the first table's key alone (:meth:`_by_key_of`)."""
+        fresh = fresh.localCheckpoint()
+        self._check_unique(fresh, by_key)
+        plan = (self._by_key if by_key else self._by_identity)(target, fresh, keys)
+        values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in fresh.columns}
+        metrics = (
+            target.delta()
+            .alias("t")
+            .merge(plan.source.alias("s"), plan.matched)
+            .whenMatchedDelete(condition=plan.gone)
+            .whenMatchedUpdate(
+                condition=f"s.{_OP} = 'u' AND ({_differs(plan.compared)})", set=values
+            )
+            .whenNotMatchedInsert(condition=f"s.{_OP} = 'u'", values=values)
+            .execute()
+            .first()
+        )
+        return 0 if metrics is None else int(metrics["num_affected_rows"])
+
+    def _by_identity(self, target: Any, fresh: DataFrame, keys: DataFrame) -> _MergePlan:
+        """The MERGE on the view's identity: ``fresh`` to write, and the target's rows of
+        the ``keys`` that it no longer holds, read beforehand, to delete."""
         identity = [name for _, _, name in self.view.identity]
         first_key = [name for alias, _, name in self.view.identity if alias == self.first]
-        fresh = fresh.localCheckpoint()
-        # A MERGE refuses two source rows meeting one target row, but inserts both
-        # where none is there yet: a key that is not one is caught here instead
-        twice = fresh.groupBy(*(first_key if self._by_first_key else identity)).count()
-        if twice.where("count > 1").limit(1).collect():
-            raise _not_unique(self.view)
-        if self._by_first_key:
-            return self._merge_by_key(target, fresh, keys)
-        key_columns = self.view.keys[self.first]
         current = target.load(target.reader())
         on_keys = [
-            current[t].eqNullSafe(keys[k]) for t, k in zip(first_key, key_columns, strict=True)
+            current[t].eqNullSafe(keys[k])
+            for t, k in zip(first_key, self.view.keys[self.first], strict=True)
         ]
         touched = current.join(keys, _all(on_keys), "left_semi")
         gone = touched.join(
@@ -355,47 +405,37 @@ class JoinViewConsumer(Consumer):
             gone.select(*columns).withColumn(_OP, F.lit("d"))
         )
         matched = _all([F.col(f"t.`{c}`").eqNullSafe(F.col(f"s.`{c}`")) for c in identity])
-        outputs = [c for c in columns if c not in identity]
-        values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
-        metrics = (
-            target.delta()
-            .alias("t")
-            .merge(source.alias("s"), matched)
-            .whenMatchedDelete(condition=f"s.{_OP} = 'd'")
-            .whenMatchedUpdate(condition=f"s.{_OP} = 'u' AND ({_differs(outputs)})", set=values)
-            .whenNotMatchedInsert(condition=f"s.{_OP} = 'u'", values=values)
-            .execute()
-            .first()
-        )
-        return 0 if metrics is None else int(metrics["num_affected_rows"])
+        compared = [c for c in columns if c not in identity]
+        return _MergePlan(source, matched, f"s.{_OP} = 'd'", compared)
 
-    def _merge_by_key(self, target: Any, fresh: DataFrame, keys: DataFrame) -> int:
-        """:meth:`_merge` where the view holds at most one row per first-table key
-        (:func:`~.plan.one_row_per_first_key`): each key meets its fresh row, or none
+    def _by_key(self, target: Any, fresh: DataFrame, keys: DataFrame) -> _MergePlan:
+        """The MERGE where the view holds at most one row per first-table key
+        (:meth:`_by_key_of`): each key meets its fresh row, or none
         where the key left the view, and the MERGE matches the target on the key
         alone, so the target is not read beforehand to find the rows that went."""
+        del target
         first_key = [name for alias, _, name in self.view.identity if alias == self.first]
         wanted = [keys[k].alias(f"{_KEY}{i}") for i, k in enumerate(self.view.keys[self.first])]
         asked = keys.select(*wanted)
         on = [asked[f"{_KEY}{i}"].eqNullSafe(fresh[c]) for i, c in enumerate(first_key)]
-        columns = fresh.columns
         source = asked.join(fresh.withColumn(_OP, F.lit("u")), _all(on), "left")
         matched = _all(
             [F.col(f"t.`{c}`").eqNullSafe(F.col(f"s.`{_KEY}{i}`")) for i, c in enumerate(first_key)]
         )
-        others = [c for c in columns if c not in first_key]
-        values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
-        metrics = (
-            target.delta()
-            .alias("t")
-            .merge(source.alias("s"), matched)
-            .whenMatchedDelete(condition=f"s.{_OP} IS NULL")
-            .whenMatchedUpdate(condition=f"s.{_OP} = 'u' AND ({_differs(others)})", set=values)
-            .whenNotMatchedInsert(condition=f"s.{_OP} = 'u'", values=values)
-            .execute()
-            .first()
-        )
-        return 0 if metrics is None else int(metrics["num_affected_rows"])
+        compared = [c for c in fresh.columns if c not in first_key]
+        return _MergePlan(source, matched, f"s.{_OP} IS NULL", compared)
+
+
+@dataclass(frozen=True)
+class _MergePlan:
+    """What a MERGE of a join view's recomputed rows runs with: its ``source``, the
+    ``matched`` condition, when a matched row is deleted (``gone``, SQL), and the
+    columns whose difference makes a matched row an update."""
+
+    source: DataFrame
+    matched: Column
+    gone: str
+    compared: list[str]
 
 
 def _differs(columns: list[str]) -> str:

@@ -75,7 +75,8 @@ def explain(
         lines.append(f"  {name} = {alias}.{column}")
     merged = (
         f"MERGEd on {query.first.alias}'s key alone (every join meets its table's whole "
-        "key: one row per first-table row)"
+        "key: one row per first-table row, where each pair of joined columns is of one "
+        "type; else on the identity)"
         if one_row_per_first_key(query, view.keys)
         else "MERGEd on the identity"
     )

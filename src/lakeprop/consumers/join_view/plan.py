@@ -61,8 +61,10 @@ def one_row_per_first_key(query: JoinQuery, keys: Mapping[str, tuple[str, ...]])
     """Whether the view holds at most one row per row of the first table: every join
     matches its table on the whole of that table's key (``keys``, by alias), so that
     each row it joins to meets at most one of its rows (a fact joined with its
-    dimensions). Then a row of the view is found by the first table's key alone, and
-    the target's rows of a key are replaced without reading them first."""
+    dimensions), as long as each pair of joined columns is of one type (a cast can
+    make two keys equal; the consumer checks the types it reads). Then a row of the
+    view is found by the first table's key alone, and the target's rows of a key are
+    replaced without reading them first."""
     for join in query.joins:
         matched = {right.name.lower() for _, right in join.on}
         if not {c.lower() for c in keys[join.source.alias]} <= matched:
