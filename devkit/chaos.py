@@ -515,8 +515,14 @@ gc_retention = "4s"
             rng.choice(["insert", "update", "update", "update_key", "delete"]) if live else "insert"
         )
         if op == "insert":
-            ids = list(range(self.next_id, self.next_id + rng.randint(1, 5)))
-            self.next_id += len(ids)
+            count = rng.randint(1, 5)
+            ids = []
+            if table == "notes":  # some for live orders: the join job's rows have notes
+                free = sorted(self.live_rows["orders"] - live)
+                ids = rng.sample(free, k=min(len(free), rng.randint(0, count)))
+            new = list(range(self.next_id, self.next_id + count - len(ids)))
+            self.next_id += len(new)
+            ids += new
             rows = [
                 (
                     i,
@@ -662,7 +668,8 @@ gc_retention = "4s"
 
     def commit_notes(self) -> None:
         """A commit to the table the join job joins: the join's iteration follows (an
-        empty tail of its own table when it is in step with it)."""
+        empty tail of its own table when it is in step with it), and writes where the
+        commit touched a note of a live order."""
         self.commit("notes")
 
     def register_new(self) -> None:

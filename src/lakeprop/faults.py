@@ -54,7 +54,7 @@ POINTS = {
     "bulk.applied": "bulk tasks are applied in the catalog, not yet marked done",
     "index.written": "a vector index version is written, the pointer not yet switched to it",
     "auto_cdc.between_writes": "an SCD 2 range is in the target, its events not yet stored",
-    "join_view.written": "a join view's iteration wrote, its joined tables' versions not yet kept",
+    "join_view.written": "a join view wrote its target, its joined tables' versions not yet kept",
 }
 ACTIONS = ("kill", "raise")
 

@@ -128,15 +128,11 @@ class JoinViewConsumer(Consumer):
 
     def snapshot(self, rows: DataFrame, version: int) -> int:
         with self._views_dropped():
-            written = self._rebuild(self._kept(rows), version, self._pinned())
-        fault_point("join_view.written")
-        return written
+            return self._rebuild(self._kept(rows), version, self._pinned())
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         with self._views_dropped():
-            written = self._apply(changes, to_version)
-        fault_point("join_view.written")
-        return written
+            return self._apply(changes, to_version)
 
     @contextmanager
     def _views_dropped(self) -> Iterator[None]:
@@ -328,6 +324,7 @@ class JoinViewConsumer(Consumer):
         if self.change_feed:
             writer = writer.option(CHANGE_FEED_PROPERTY, "true")
         self.target.save(writer)
+        fault_point("join_view.written")
         if self.change_feed:
             self.target.keep_change_feed()
         self.context.joined.update(pinned)
@@ -384,6 +381,7 @@ class JoinViewConsumer(Consumer):
             .execute()
             .first()
         )
+        fault_point("join_view.written")
         return 0 if metrics is None else int(metrics["num_affected_rows"])
 
     def _by_identity(self, target: Any, fresh: DataFrame, keys: DataFrame) -> _MergePlan:
