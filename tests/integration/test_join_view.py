@@ -319,3 +319,39 @@ def test_keys_joined_across_types_keep_every_row_they_meet(
     spark.sql(f"INSERT INTO delta.`{codes}` VALUES ('001', 'un')")
     driver.tail(latest_version(spark, orders))
     check((1, "eins"), (1, "un"), (2, "two"))
+
+
+def test_a_joined_key_widened_under_the_job_keeps_the_view_exact(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A dimension's key widened in place (Delta's type widening, INT to BIGINT), then
+    changed: the view comes out as the query says, read across the widening or
+    recomputed whole where Delta refuses the change feed across it."""
+    warehouse = str(tmp_path / "warehouse")
+    orders, codes = f"{warehouse}/j/orders", f"{warehouse}/j/codes"
+    cdf_table(spark, orders, "id INT, code BIGINT")
+    cdf_table(spark, codes, "id INT, label STRING")
+    spark.sql(
+        f"ALTER TABLE delta.`{codes}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    )
+    spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 1), (2, 2), (3, 3000000000)")
+    spark.sql(f"INSERT INTO delta.`{codes}` VALUES (1, 'one'), (2, 'two')")
+    query = "SELECT o.id, c.label FROM j.orders AS o LEFT JOIN j.codes AS c ON o.code = c.id"
+    driver = HandDriven(
+        spark,
+        warehouse,
+        JobKey(1, "j", "orders", "coded"),
+        {"type": "join_view", "options": {"query": query, "keys": {"o": ["id"], "c": ["id"]}}},
+    )
+
+    def check(*rows: tuple[int, str | None]) -> None:
+        got = sorted(map(tuple, driver.read().select("id", "label").collect()), key=str)
+        assert got == sorted(rows, key=str)
+
+    driver.snapshot(latest_version(spark, orders))
+    check((1, "one"), (2, "two"), (3, None))
+    spark.sql(f"ALTER TABLE delta.`{codes}` ALTER COLUMN id TYPE BIGINT")
+    spark.sql(f"INSERT INTO delta.`{codes}` VALUES (3000000000, 'big')")
+    spark.sql(f"UPDATE delta.`{codes}` SET label = 'uno' WHERE id = 1")
+    driver.tail(latest_version(spark, orders))
+    check((1, "uno"), (2, "two"), (3, "big"))

@@ -41,3 +41,15 @@ def unreadable(exc: BaseException) -> bool:
     """Whether ``exc`` is Delta refusing a range of a change feed it no longer holds."""
     text = str(exc)
     return any(marker in text for marker in UNREADABLE_RANGE)
+
+
+SCHEMA_CHANGED = (
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_DATA_SCHEMA",
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_SCHEMA_CHANGE",
+)
+"""Delta's refusals to read a change feed across a non-additive schema change."""
+
+
+def schema_changed(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta refusing to read a range across a schema change."""
+    return any(marker in str(exc) for marker in SCHEMA_CHANGED)

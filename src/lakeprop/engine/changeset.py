@@ -35,7 +35,7 @@ from lakeprop.changes import (
     own_columns,
     widens,
 )
-from lakeprop.changes.feed import unreadable
+from lakeprop.changes.feed import schema_changed, unreadable
 from lakeprop.changes.held import release
 from lakeprop.engine.fanout import session_confs
 from lakeprop.engine.model import CancelToken, IterationKind, IterationPlan, IterationResult
@@ -45,20 +45,11 @@ from lakeprop.tables.resolve import TableHandle
 
 log = logging.getLogger("lakeprop.engine.iteration")
 
-_SCHEMA_CHANGED = (
-    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_DATA_SCHEMA",
-    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_SCHEMA_CHANGE",
-)
-"""Delta's refusals to read a change feed across a non-additive schema change."""
 
 COUNTING_CONFS = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
 """While the change set is stored and counted per commit version: the count's
 shuffle carries one row per version, so one reduce task and no adaptive
 re-planning (which runs each stage as a job of its own) suit it at any size."""
-
-
-def _schema_changed(exc: BaseException) -> bool:
-    return any(marker in str(exc) for marker in _SCHEMA_CHANGED)
 
 
 TALLY = "_tally"
@@ -198,7 +189,7 @@ def _read(
                 release(data)
             if isinstance(exc, _TallyFailed):
                 raise
-            if not token.cancelled and _schema_changed(exc):
+            if not token.cancelled and schema_changed(exc):
                 changes = column_changes(source, plan)
                 if not changes.widening_only:
                     raise changes.error() from None

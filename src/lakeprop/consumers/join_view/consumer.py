@@ -38,7 +38,14 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakeprop.changes.feed import CHANGE_TYPE, INSERT, POSTIMAGE, own_columns, unreadable
+from lakeprop.changes.feed import (
+    CHANGE_TYPE,
+    INSERT,
+    POSTIMAGE,
+    own_columns,
+    schema_changed,
+    unreadable,
+)
 from lakeprop.consumers.base import Consumer, ConsumerContext
 from lakeprop.consumers.join_view import sql
 from lakeprop.consumers.join_view.options import JoinViewOptions, parse_options
@@ -172,12 +179,14 @@ class JoinViewConsumer(Consumer):
                 target, changes if first_moved else None, moved, to_version, pinned
             )
         except Exception as exc:
-            if not (moved and unreadable(exc)):
+            if not (moved and (unreadable(exc) or schema_changed(exc))):
                 explained = _explained(exc, self.view)
                 if explained is exc:
                     raise
                 raise explained from exc
-            log.info("join view %s is recomputed whole: a joined table's changes are gone", target)
+            # a joined table's changes are gone, or its columns changed (a widened type
+            # can make joined columns of one type, and the MERGE another)
+            log.info("join view %s is recomputed whole: %s", target, str(exc).splitlines()[0])
             return self._rebuild(self._first_at(to_version), to_version, pinned)
         self.context.joined.update(pinned)
         return written
@@ -212,6 +221,10 @@ class JoinViewConsumer(Consumer):
             return 0
         keys_view = self._register("keys", keys)
         fresh = spark.sql(sql.recompute(self.view, views, keys_view, self._schema))
+        widened = _retyped(target.load(target.reader()), fresh)
+        if widened:  # a table's column was widened under the job: the target follows
+            log.info("join view %s is recomputed whole: %s changed type", target, widened)
+            return self._rebuild(self._first_at(to_version), to_version, pinned)
         return self._merge(target, fresh, keys, self._by_key_of(views))
 
     # -- the tables at their pinned versions ----------------------------------------
@@ -434,6 +447,12 @@ class _MergePlan:
     matched: Column
     gone: str
     compared: list[str]
+
+
+def _retyped(target: DataFrame, rows: DataFrame) -> list[str]:
+    """The columns of ``rows`` the ``target`` lacks or holds at another type."""
+    held = {f.name.lower(): f.dataType for f in target.schema}
+    return [f.name for f in rows.schema if held.get(f.name.lower()) != f.dataType]
 
 
 def _differs(columns: list[str]) -> str:
