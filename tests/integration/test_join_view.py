@@ -286,6 +286,23 @@ def the_job_fails_saying_what_to_do(
     assert failed.value.code == ErrorCode.SOURCE_SCHEMA_CHANGED
 
 
+def coded(spark: SparkSession, warehouse: str, join: str) -> HandDriven:
+    """A join view of ``j.orders`` with ``j.codes`` on the order's code, hand-driven."""
+    query = f"SELECT o.id, c.label FROM j.orders AS o {join} j.codes AS c ON o.code = c.id"
+    options = {"query": query, "keys": {"o": ["id"], "c": ["id"]}}
+    return HandDriven(
+        spark,
+        warehouse,
+        JobKey(1, "j", "orders", "coded"),
+        {"type": "join_view", "options": options},
+    )
+
+
+def labels(driver: HandDriven) -> list[tuple[Any, ...]]:
+    """The view's (id, label) rows, in order."""
+    return sorted(map(tuple, driver.read().select("id", "label").collect()), key=str)
+
+
 def test_keys_joined_across_types_keep_every_row_they_meet(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -299,16 +316,10 @@ def test_keys_joined_across_types_keep_every_row_they_meet(
     cdf_table(spark, codes, "id STRING, label STRING")
     spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 1), (2, 2)")
     spark.sql(f"INSERT INTO delta.`{codes}` VALUES ('1', 'one'), ('01', 'uno'), ('2', 'two')")
-    query = "SELECT o.id, c.label FROM j.orders AS o JOIN j.codes AS c ON o.code = c.id"
-    driver = HandDriven(
-        spark,
-        warehouse,
-        JobKey(1, "j", "orders", "coded"),
-        {"type": "join_view", "options": {"query": query, "keys": {"o": ["id"], "c": ["id"]}}},
-    )
+    driver = coded(spark, warehouse, "JOIN")
 
-    def check(*rows: tuple[int, str]) -> None:
-        assert sorted(map(tuple, driver.read().select("id", "label").collect())) == list(rows)
+    def check(*rows: tuple[int, str | None]) -> None:
+        assert labels(driver) == sorted(rows, key=str)
 
     driver.snapshot(latest_version(spark, orders))
     check((1, "one"), (1, "uno"), (2, "two"))
@@ -336,17 +347,10 @@ def test_a_joined_key_widened_under_the_job_keeps_the_view_exact(
     )
     spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 1), (2, 2), (3, 3000000000)")
     spark.sql(f"INSERT INTO delta.`{codes}` VALUES (1, 'one'), (2, 'two')")
-    query = "SELECT o.id, c.label FROM j.orders AS o LEFT JOIN j.codes AS c ON o.code = c.id"
-    driver = HandDriven(
-        spark,
-        warehouse,
-        JobKey(1, "j", "orders", "coded"),
-        {"type": "join_view", "options": {"query": query, "keys": {"o": ["id"], "c": ["id"]}}},
-    )
+    driver = coded(spark, warehouse, "LEFT JOIN")
 
     def check(*rows: tuple[int, str | None]) -> None:
-        got = sorted(map(tuple, driver.read().select("id", "label").collect()), key=str)
-        assert got == sorted(rows, key=str)
+        assert labels(driver) == sorted(rows, key=str)
 
     driver.snapshot(latest_version(spark, orders))
     check((1, "one"), (2, "two"), (3, None))
