@@ -38,6 +38,7 @@ from devkit.waiting import assert_eventually
 from lakeprop import cli
 from lakeprop.client.api import LakepropClient
 from lakeprop.config import AppConfig
+from lakeprop.engine.fanout import session_confs
 from lakeprop.errors import ErrorCode
 from lakeprop.spec import JobKey
 
@@ -359,3 +360,29 @@ def test_a_joined_key_widened_under_the_job_keeps_the_view_exact(
     spark.sql(f"UPDATE delta.`{codes}` SET label = 'uno' WHERE id = 1")
     driver.tail(latest_version(spark, orders))
     check((1, "uno"), (2, "two"), (3, "big"))
+
+
+def test_a_key_compared_across_types_widened_under_the_job_keeps_the_view_exact(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Without ANSI mode, an INT code joined on a FLOAT key is compared as FLOAT, where
+    16777217 rounds to 16777216 and meets its row; widened in place to DOUBLE, the key
+    is compared as DOUBLE and no longer does. No row of either table changes, so the
+    change feeds say nothing: the view is recomputed because a column it reads changed
+    type."""
+    warehouse = str(tmp_path / "warehouse")
+    orders, codes = f"{warehouse}/j/orders", f"{warehouse}/j/codes"
+    cdf_table(spark, orders, "id INT, code INT")
+    cdf_table(spark, codes, "id FLOAT, label STRING")
+    spark.sql(
+        f"ALTER TABLE delta.`{codes}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    )
+    spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 16777216), (2, 16777217)")
+    spark.sql(f"INSERT INTO delta.`{codes}` VALUES (CAST(16777216 AS FLOAT), 'big')")
+    driver = coded(spark, warehouse, "LEFT JOIN")
+    with session_confs(spark, {"spark.sql.ansi.enabled": "false"}):
+        driver.snapshot(latest_version(spark, orders))
+        assert labels(driver) == [(1, "big"), (2, "big")]
+        spark.sql(f"ALTER TABLE delta.`{codes}` ALTER COLUMN id TYPE DOUBLE")
+        driver.tail(latest_version(spark, orders))
+        assert labels(driver) == [(1, "big"), (2, None)]

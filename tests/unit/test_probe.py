@@ -164,3 +164,17 @@ def test_an_overwrite_counts_the_rows_it_removed_or_says_it_cannot(tmp_path: Pat
     assert PROBE.commit_changes(location, 4) == CommitChanges(
         1, False, exact=True, vectored_removes=True
     )
+
+
+def test_a_range_with_a_metadata_commit_or_a_missing_one_may_have_changed_columns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t"
+    table = commits(path, 0, 1, 2, 3)
+    log = path / "_delta_log"
+    (log / f"{2:020d}.json").write_text('{"commitInfo":{}}\n{"metaData":{"id":"x"}}\n')
+    assert not PROBE.metadata_changed(table, 2, 3)
+    assert PROBE.metadata_changed(table, 1, 3)
+    assert not PROBE.metadata_changed(table, 3, 3)  # an empty range
+    cleaned_up(path, 3)
+    assert PROBE.metadata_changed(table, 2, 3)

@@ -237,6 +237,18 @@ class DeltaLogProbe:
             estimate_change_rows(metrics, added, removed), metadata, exact, vectored
         )
 
+    def metadata_changed(self, location: str, start: int, end: int) -> bool:
+        """Whether a commit in ``(start, end]`` changed the table's metadata (its
+        columns among it), or may have: a commit file of the range is gone."""
+        files = self.files_for(location)
+        for version in range(start + 1, end + 1):
+            path = self._log(location, self._commit(version))
+            if not files.exists(path):
+                return True
+            if any(line.startswith('{"metaData"') for line in files.lines(path)):
+                return True
+        return False
+
     def commit_time(self, location: str, version: int) -> float | None:
         """When commit ``version`` was made (its ``commitInfo`` timestamp, in epoch
         seconds); None when its file is gone or holds no commit info."""

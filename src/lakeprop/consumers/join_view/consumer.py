@@ -139,7 +139,7 @@ class JoinViewConsumer(Consumer):
 
     def apply_changes(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         with self._views_dropped():
-            return self._apply(changes, to_version)
+            return self._apply(changes, from_version, to_version)
 
     @contextmanager
     def _views_dropped(self) -> Iterator[None]:
@@ -156,21 +156,22 @@ class JoinViewConsumer(Consumer):
             for view in self._made:
                 self.context.spark.catalog.dropGlobalTempView(view)
 
-    def _apply(self, changes: DataFrame, to_version: int) -> int:
+    def _apply(self, changes: DataFrame, from_version: int, to_version: int) -> int:
         target = self.require_target()
         pinned = self._pinned()
         before = self.context.joined_from
-        why = self._why_rebuild(before, pinned)
+        moved = {
+            alias: (before[name].version, pinned[name].version)
+            for alias, name in self.names.items()
+            if name in before and name in pinned and pinned[name].version > before[name].version
+        }
+        ranges = {**moved, self.first: (from_version, to_version)}
+        why = self._why_rebuild(before, pinned) or self._retyped_reads(ranges)
         if why:
             log.info("join view %s is recomputed whole: %s", target, why)
             return self._rebuild(self._first_at(to_version), to_version, pinned)
         rows = self.context.change_rows
         first_moved = rows != 0 and (rows is not None or not changes.isEmpty())
-        moved = {
-            alias: (before[name].version, pinned[name].version)
-            for alias, name in self.names.items()
-            if name in pinned and pinned[name].version > before[name].version
-        }
         if not first_moved and not moved:
             self.context.joined.update(before)
             return 0
@@ -271,6 +272,40 @@ class JoinViewConsumer(Consumer):
                 return f"{name} was re-created (id {was.table_id} is now {now.table_id})"
             if now.version < was.version:
                 return f"{name} is at version {now.version}, before {was.version} (restored?)"
+        return ""
+
+    def _retyped_reads(self, ranges: Mapping[str, tuple[int, int]]) -> str:
+        """A column the view reads whose type changed within a table's range
+        ``(start, end]`` (by alias), or "". Spark compares two columns of different
+        types at a type it picks from both, so a type widened in place can change
+        which rows join, and what an expression gives, with no row changed. Only a
+        range with a metadata commit is looked at (one log file per commit)."""
+        probe = DeltaLogProbe(self.context.spark)
+        for alias, (start, end) in ranges.items():
+            if end <= start:
+                continue
+            source = next(s for s in self.view.query.sources if s.alias == alias)
+            handle = self.context.locate(source.database, source.table)
+            location = handle.location()
+            if location and not probe.metadata_changed(location, start, end):
+                continue
+            try:
+                was, now = (
+                    {
+                        f.name.lower(): f.dataType
+                        for f in handle.load(handle.reader().option("versionAsOf", v)).schema
+                    }
+                    for v in (start, end)
+                )
+            except Exception as exc:  # the version is gone: nothing says what it held
+                first_line = str(exc).splitlines()[0][:200]
+                return (
+                    f"the columns of {source.name} at version {start} are unreadable: {first_line}"
+                )
+            reads = _unique([*self.view.query.reads(alias), *self.view.keys[alias]])
+            changed = [c for c in reads if was.get(c.lower()) != now.get(c.lower())]
+            if changed:
+                return f"{source.name} column(s) {changed} changed type after version {start}"
         return ""
 
     def _first_at(self, version: int) -> DataFrame:
