@@ -127,6 +127,9 @@ KILL_POINTS = frozenset(
 
 Mode = Literal["kill", "raise"]
 SLOTS = 8
+CATALOG_MERGE_FROM = 8
+"""Small, so that one instance's catalog writes go through each kind as the catalog
+grows: appended new jobs, changes written whole, then MERGEd."""
 """Membership slots of the cluster mode."""
 
 
@@ -414,6 +417,7 @@ enabled = false
 location = "{self.state.location}"
 checkpoint_location = "{self.state.checkpoint_location}"
 lease_ttl = "8s"
+catalog_merge_from = {CATALOG_MERGE_FROM}
 [tables]
 resolution = "path"
 warehouse = "{self.warehouse}"

@@ -600,6 +600,53 @@ def test_a_background_flush_never_writes_over_a_later_commit(
     assert latest_version(spark, path) == before + 1  # the commit of c alone
 
 
+def test_one_instance_writes_only_the_rows_it_changed_and_the_table_stays_memory(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """New jobs are appended; changed rows of a large catalog (large here: from two
+    rows) are MERGEd, a drop collected among them; a row written
+    again unchanged makes no commit. After each write the table holds exactly the
+    rows memory does."""
+    t0 = datetime(2026, 1, 1)
+    path = str(tmp_path / "catalog")
+    catalog = JobCatalog(spark, path, merge_from=2)
+    catalog.ensure()
+
+    def run(*commands: Command) -> None:
+        catalog.stage(apply_commands(catalog.rows(), list(commands), lambda k, s: "t").upserts)
+        catalog.commit_staged()
+
+    def register(name: str, offset: int) -> Command:
+        record = LogRecord("log", 0, offset, t0 + timedelta(seconds=offset), None, None)
+        key = JobKey(1, "db", "t", name)
+        return Command(Operation.REGISTER, f"r{offset}", key, record, spec=replica_spec())
+
+    def last_write() -> str:
+        return str(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["operation"])
+
+    def stored_is_memory() -> None:
+        reloaded = JobCatalog(spark, path)
+        reloaded.load()
+        assert sorted(reloaded.rows(), key=str) == sorted(catalog.rows(), key=str)
+
+    run(register("a", 1), register("b", 2))
+    assert last_write() == "WRITE"  # an append: the table held neither
+    stored_is_memory()
+    a = next(r for r in catalog.rows() if r.key.job_name == "a")
+    catalog.remember([replace(a, watermark=5)], progress=True)
+    run(register("c", 3))  # c is new, a changed: MERGEd
+    assert last_write() == "MERGE"
+    stored_is_memory()
+    before = latest_version(spark, path)
+    catalog.remember([next(r for r in catalog.rows() if r.key.job_name == "b")])
+    assert catalog.flush() == 1  # b as the table holds it: nothing to commit
+    assert latest_version(spark, path) == before
+    catalog.delete([next(r for r in catalog.rows() if r.key.job_name == "b").row_id])
+    assert last_write() == "MERGE"
+    stored_is_memory()
+    assert sorted(r.key.job_name for r in catalog.rows()) == ["a", "c"]
+
+
 def test_an_event_table_of_an_earlier_release_gains_ids_and_each_event_goes_in_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:

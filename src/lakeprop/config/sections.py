@@ -92,11 +92,17 @@ class StateConfig:
     """A checkpoint on object storage or another Hadoop file system is held by a lease
     renewed every quarter of this; one not renewed for this long is stale and is
     taken over (so a restart after a crash waits this long at most)."""
+    catalog_merge_from: int = 20_000
+    """The catalog size (rows, one per job) from which one instance MERGEs a write
+    that changes rows the catalog holds, instead of writing the table whole: below
+    it, serializing every row costs less than the MERGE's read and join. Rows the
+    catalog does not hold yet (new jobs) are appended, whatever its size."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "location", absolute(self.location))
         object.__setattr__(self, "checkpoint_location", absolute(self.checkpoint_location))
         positive(self.lease_ttl, "state.lease_ttl")
+        positive(self.catalog_merge_from, "state.catalog_merge_from")
 
     def table_path(self, name: str) -> str:
         return f"{self.location.rstrip('/')}/{name}"

@@ -115,6 +115,7 @@ class PropagationApp:
             config.state.table_path(CATALOG_TABLE),
             shared,
             slots=config.cluster.slots if config.cluster.enabled else None,
+            merge_from=config.state.catalog_merge_from,
         )
         if self.seat is not None:
             self.seat.era_of = self.catalog.era

@@ -22,7 +22,13 @@ from datetime import datetime
 from pyspark.sql import SparkSession
 
 from lakeprop.spec import JobRef
-from lakeprop.state.catalog_table import CatalogTable, RowScope, SharedWrites
+from lakeprop.state.catalog_table import (
+    CatalogTable,
+    RowScope,
+    SharedWrites,
+    WriteKind,
+    write_kind,
+)
 from lakeprop.state.job_row import CatalogRow
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,7 @@ class _Flush:
     base: int
     """The catalog's write count when its content was taken."""
     content: dict[JobRef, CatalogRow]
+    """The rows it writes (a shared catalog: those this instance writes now)."""
     rows: dict[JobRef, CatalogRow]
     """The rows it writes that memory held only."""
     thread: threading.Thread | None = None
@@ -57,8 +64,9 @@ class JobCatalog:
     durable at once stay in memory until :meth:`flush`, as ISCP's in-memory
     watermark does: a fresh watermark time of an idle job, a transient state,
     and an advanced watermark, whose durable record is the iteration history
-    (:meth:`remember` with ``progress``). Every write is of the whole table, so
-    a commit takes along whatever memory holds.
+    (:meth:`remember` with ``progress``). A commit takes along whatever memory
+    holds; one instance writes only the rows that differ from the table's
+    (:func:`~lakeprop.state.catalog_table.write_kind` says how).
     """
 
     def __init__(
@@ -67,15 +75,20 @@ class JobCatalog:
         path: str,
         shared: SharedWrites | None = None,
         slots: int | None = None,
+        merge_from: int = 20_000,
     ) -> None:
         self.spark = spark
         self.path = path
         self.shared = shared
         """Set when several instances share the table: each MERGEs its own rows."""
         self.table = CatalogTable(spark, path, shared, slots)
+        self.merge_from = merge_from
+        """One instance MERGEs a change of rows the table holds from this many rows
+        (``state.catalog_merge_from``)."""
         self._rows: dict[JobRef, CatalogRow] = {}
         self._durable: dict[JobRef, CatalogRow] = {}
-        """The rows as the Delta table holds them."""
+        """The rows as the Delta table holds them (one instance: changed by the thread
+        that writes the table, under the write lock)."""
         self._dirty: set[JobRef] = set()
         self._progress: set[JobRef] = set()
         """Dirty rows whose watermark or status advanced (flushed more often)."""
@@ -101,31 +114,53 @@ class JobCatalog:
         if not self._created and self.shared is None:
             self.table.keep_layout()
 
-    def _write(self, rows: Mapping[JobRef, CatalogRow]) -> None:
-        """Replace the table's content with ``rows`` in one commit.
-
-        The catalog is one row per job, kept whole in memory, and only this
-        service writes it: writing it whole is one Spark job, where a MERGE
-        first reads and joins the table (and rewrites the same file anyway).
-        """
+    def _write(self, upserts: Mapping[JobRef, CatalogRow], deleted: Iterable[JobRef] = ()) -> None:
+        """One instance: write ``upserts`` and remove ``deleted`` in one commit."""
         self.settle()
-        self._write_table(rows)
-        self._durable = dict(rows)
+        self._write_table(upserts, deleted)
 
     def _write_table(
-        self, rows: Mapping[JobRef, CatalogRow], base: int | None = None
+        self,
+        upserts: Mapping[JobRef, CatalogRow],
+        deleted: Iterable[JobRef] = (),
+        base: int | None = None,
     ) -> int | None:
-        """Overwrite the table with ``rows``, one write at a time; with ``base``, only if
-        no write happened since the write count was ``base`` (None then: skipped)."""
+        """Write ``upserts`` and remove ``deleted``, one write at a time; with ``base``,
+        only if no write happened since the write count was ``base`` (None then:
+        skipped). A shared catalog MERGEs ``upserts``; one instance writes what
+        differs from the table's rows, and memory learns what the table holds."""
         with self._write_lock:
             if base is not None and self._writes != base:
                 return None
             if self.shared is not None:
-                self.table.merge(rows.values(), ())
+                self.table.merge(upserts.values(), ())
             else:
-                self.table.overwrite(rows.values())
+                self._durable = self._write_own(upserts, list(deleted))
             self._writes += 1
             return self._writes
+
+    def _write_own(
+        self, upserts: Mapping[JobRef, CatalogRow], deleted: list[JobRef]
+    ) -> dict[JobRef, CatalogRow]:
+        """One instance's write, of the kind :func:`write_kind` picks for the rows that
+        differ from the table's; the rows the table then holds."""
+        held = self._durable
+        changed = {rid: row for rid, row in upserts.items() if held.get(rid) != row}
+        gone = [held[rid] for rid in deleted if rid in held]
+        content = {**held, **changed}
+        for row in gone:
+            del content[row.row_id]
+        replaced = sum(1 for rid in changed if rid in held) + len(gone)
+        kind = write_kind(len(held), replaced, self.merge_from)
+        if not changed and not gone:
+            return content
+        if kind is WriteKind.APPEND:
+            self.table.append(changed.values())
+        elif kind is WriteKind.MERGE:
+            self.table.merge(changed.values(), gone)
+        else:
+            self.table.overwrite(content.values())
+        return content
 
     def _writable(self, rows: Iterable[CatalogRow]) -> tuple[list[CatalogRow], set[JobRef]]:
         """Of ``rows``, those this instance writes now, and those it keeps for later."""
@@ -232,11 +267,11 @@ class JobCatalog:
             writable, deferred = self._writable(rows.values())
             flush = _Flush(self._writes, {r.row_id: r for r in writable}, rows, deferred=deferred)
         else:
-            flush = _Flush(self._writes, {**self._durable, **rows}, rows)
+            flush = _Flush(self._writes, rows, rows)
 
         def write() -> None:
             try:
-                flush.written_as = self._write_table(flush.content, flush.base)
+                flush.written_as = self._write_table(flush.content, base=flush.base)
             except BaseException as exc:  # settled on the micro-batch thread
                 flush.error = exc
 
@@ -259,8 +294,6 @@ class JobCatalog:
             return  # a later write holds these rows, or rewrote the table without them
         if self.shared is not None:
             self._durable.update(flush.content)
-        else:
-            self._durable = flush.content
         done = {
             rid
             for rid, row in flush.rows.items()
@@ -293,10 +326,7 @@ class JobCatalog:
             for row in doomed:
                 self._durable.pop(row.row_id, None)
         else:
-            remaining = dict(self._durable)
-            for row in doomed:
-                remaining.pop(row.row_id, None)
-            self._write(remaining)
+            self._write({}, [row.row_id for row in doomed])
         for row in doomed:
             self._rows.pop(row.row_id, None)
             self._dirty.discard(row.row_id)
@@ -322,7 +352,7 @@ class JobCatalog:
             self._progress.difference_update(done)
             self._dirty.update(deferred)
             return
-        self._write({**self._durable, **upserts})
+        self._write(upserts)
         self._rows.update(upserts)
         self._dirty.difference_update(upserts)
         self._progress.difference_update(upserts)

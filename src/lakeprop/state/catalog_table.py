@@ -1,7 +1,9 @@
 """The job catalog's Delta table: laid out by slot, and written whole or row by row.
 
-One instance overwrites the table whole (:meth:`CatalogTable.overwrite`). Instances
-sharing it (``cluster.enabled``) each MERGE their own rows, signed and stamped
+One instance writes the rows it changed: appended when the table does not hold
+them yet, MERGEd when they are a few of a large table, and otherwise the table
+is overwritten whole (:func:`write_kind`). Instances sharing it
+(``cluster.enabled``) each MERGE their own rows, signed and stamped
 (:meth:`CatalogTable.merge`), into the partitions of the slots they serve: the
 table is partitioned by the slot of each row's source table, laid out for the
 slot count once per membership topic's era (:meth:`CatalogTable.era`).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
@@ -37,6 +40,28 @@ class RowScope(Enum):
     """Its table is assigned here but not writable this moment: keep it for later."""
     SKIP = "skip"
     """Another instance serves its table and writes it."""
+
+
+class WriteKind(Enum):
+    """How one instance writes its changed rows to the catalog (:func:`write_kind`)."""
+
+    APPEND = "append"
+    """Rows the table does not hold: one commit, no read of the table."""
+    MERGE = "merge"
+    """A few rows of a large table: the table is read and joined once, and only the
+    files holding those rows are rewritten."""
+    OVERWRITE = "overwrite"
+    """The whole table from memory: one write, no read, every row serialized."""
+
+
+def write_kind(table_rows: int, replaced: int, merge_from: int) -> WriteKind:
+    """How one instance writes a change that replaces ``replaced`` rows of a table of
+    ``table_rows`` rows (changed or deleted; the rest of the change is rows the table
+    does not hold): MERGEd from ``merge_from`` rows (``state.catalog_merge_from``),
+    below which serializing every row costs less than the MERGE's read and join."""
+    if not replaced:
+        return WriteKind.APPEND
+    return WriteKind.MERGE if table_rows >= merge_from else WriteKind.OVERWRITE
 
 
 @dataclass(frozen=True)
@@ -111,6 +136,12 @@ class CatalogTable:
         else:
             self.layout = found
 
+    def append(self, rows: Iterable[CatalogRow]) -> None:
+        """Add ``rows``, which the table does not hold, in one commit (one instance)."""
+        state.append(
+            self.spark, self.path, TABLE_SCHEMA, [self._stored(r, self.layout) for r in rows]
+        )
+
     def overwrite(self, rows: Iterable[CatalogRow]) -> None:
         """Replace the table's content with ``rows`` in one commit (one instance)."""
         state.overwrite(
@@ -180,13 +211,19 @@ class CatalogTable:
         log.info("catalog %s laid out for %d slot(s)", self.path, slots)
 
     def merge(self, rows: Iterable[CatalogRow], deleted: Iterable[CatalogRow]) -> None:
-        """Upsert ``rows`` and delete ``deleted`` in one signed MERGE (a shared catalog)."""
+        """Upsert ``rows`` and delete ``deleted`` in one MERGE: signed and stamped, and
+        replacing no row of a later epoch, where the catalog is shared."""
         from delta.tables import DeltaTable
         from pyspark.sql.types import BooleanType
 
-        assert self.shared is not None
+        shared = self.shared
         stamped = [
-            (*self._stored(replace(r, owner=self.shared.owner(r)), self.layout), gone)
+            (
+                *self._stored(
+                    r if shared is None else replace(r, owner=shared.owner(r)), self.layout
+                ),
+                gone,
+            )
             for batch, gone in ((rows, False), (deleted, True))
             for r in batch
         ]
@@ -194,7 +231,8 @@ class CatalogTable:
             return
         if not self._laid_out:
             raise AssertionError("a shared catalog is written before its layout is known")
-        signed = self.shared.sign()
+        signed = shared.sign() if shared is not None else None
+        newer = "" if shared is None else f" AND {NOT_OLDER}"
         session = self._session
         source_schema = StructType([*TABLE_SCHEMA.fields, StructField("_lp_gone", BooleanType())])
         columns: dict[str, str | Column] = {
@@ -208,13 +246,13 @@ class CatalogTable:
 
         def merge() -> None:
             source = session.createDataFrame(stamped, source_schema)
-            with signed_session(session, signed):
+            with signed_session(session, signed) if signed is not None else nullcontext():
                 (
                     DeltaTable.forPath(session, self.path)
                     .alias("t")
                     .merge(source.alias("s"), on)
-                    .whenMatchedDelete(condition=f"s._lp_gone AND {NOT_OLDER}")
-                    .whenMatchedUpdate(condition=f"NOT s._lp_gone AND {NOT_OLDER}", set=columns)
+                    .whenMatchedDelete(condition=f"s._lp_gone{newer}")
+                    .whenMatchedUpdate(condition=f"NOT s._lp_gone{newer}", set=columns)
                     .whenNotMatchedInsert(condition="NOT s._lp_gone", values=columns)
                     .execute()
                 )
