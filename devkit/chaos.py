@@ -127,10 +127,11 @@ KILL_POINTS = frozenset(
 
 Mode = Literal["kill", "raise"]
 SLOTS = 8
-CATALOG_MERGE_FROM = 8
-"""Small, so that one instance's catalog writes go through each kind as the catalog
-grows: appended new jobs, changes written whole, then MERGEd."""
 """Membership slots of the cluster mode."""
+CATALOG_MERGE_FROM = 14
+"""Within the catalog's size over a round (11 to 17 jobs), so that one instance's
+catalog writes go through each kind: new jobs appended, changes written whole,
+and MERGEd."""
 
 
 @dataclass(frozen=True)

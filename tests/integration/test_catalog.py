@@ -646,6 +646,21 @@ def test_one_instance_writes_only_the_rows_it_changed_and_the_table_stays_memory
     stored_is_memory()
     assert sorted(r.key.job_name for r in catalog.rows()) == ["a", "c"]
 
+    # a job the table holds twice (an append gone in twice): read once, its latest
+    # row, and the next write puts the table right
+    a = next(r for r in catalog.rows() if r.key.job_name == "a")
+    catalog.table.append([replace(a, watermark=4)])
+    reloaded = JobCatalog(spark, path, merge_from=2)
+    reloaded.load()
+    assert sorted(reloaded.rows(), key=str) == sorted(catalog.rows(), key=str)
+    reloaded.remember([replace(a, watermark=6)])
+    assert reloaded.flush() == 1
+    assert last_write() == "WRITE"  # whole
+    assert sorted((r["job_name"], r["watermark"]) for r in table_rows(spark, path)) == [
+        ("a", 6),
+        ("c", None),
+    ]
+
 
 def test_an_event_table_of_an_earlier_release_gains_ids_and_each_event_goes_in_once(
     spark: SparkSession, tmp_path: Path

@@ -29,7 +29,7 @@ from lakeprop.state.catalog_table import (
     WriteKind,
     write_kind,
 )
-from lakeprop.state.job_row import CatalogRow
+from lakeprop.state.job_row import CatalogRow, one_row_per_job
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class JobCatalog:
         self._writes = 0
         """Writes of the table so far (under the lock)."""
         self._flushing: _Flush | None = None
+        self._rewrite = False
+        """The table held a job twice at load: one instance's next write is whole."""
 
     def ensure(self) -> None:
         self._created = self.table.ensure()
@@ -108,7 +110,15 @@ class JobCatalog:
         One instance keeps the table's layout, and lays a table of an earlier release
         (not partitioned) out for one slot; a shared catalog is laid out in :meth:`era`.
         """
-        rows = [] if self._created else self.table.read()
+        rows, doubled = one_row_per_job([] if self._created else self.table.read())
+        if doubled:
+            log.warning(
+                "catalog %s holds %d row(s) twice; the latest of each is kept, and the "
+                "next write rewrites the table",
+                self.path,
+                doubled,
+            )
+            self._rewrite = True
         self._rows = {r.row_id: r for r in rows}
         self._durable = dict(self._rows)
         if not self._created and self.shared is None:
@@ -154,12 +164,15 @@ class JobCatalog:
         kind = write_kind(len(held), replaced, self.merge_from)
         if not changed and not gone:
             return content
+        if self._rewrite:
+            kind = WriteKind.OVERWRITE
         if kind is WriteKind.APPEND:
             self.table.append(changed.values())
         elif kind is WriteKind.MERGE:
             self.table.merge(changed.values(), gone)
         else:
             self.table.overwrite(content.values())
+            self._rewrite = False
         return content
 
     def _writable(self, rows: Iterable[CatalogRow]) -> tuple[list[CatalogRow], set[JobRef]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from functools import cached_property
@@ -83,3 +84,20 @@ class CatalogRow:
 
 
 CATALOG_SCHEMA = spark_schema(CatalogRow)
+
+
+def one_row_per_job(rows: Sequence[CatalogRow]) -> tuple[list[CatalogRow], int]:
+    """``rows`` with one row per job, and how many were left out. A catalog holds one
+    row per job; should a write have gone in twice (an append whose commit was
+    retried, a stale instance's write), the row of the latest change log message
+    stays, then the one with the later watermark."""
+    kept: dict[JobRef, CatalogRow] = {}
+    for row in rows:
+        other = kept.get(row.row_id)
+        if other is None or _recency(row) > _recency(other):
+            kept[row.row_id] = row
+    return list(kept.values()), len(rows) - len(kept)
+
+
+def _recency(row: CatalogRow) -> tuple[int, int, int]:
+    return (row.log_partition, row.log_offset, -1 if row.watermark is None else row.watermark)

@@ -65,6 +65,9 @@ DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
 """On for the targets a join view creates: a key's rows are spread over every file
 of the view, and a MERGE that marks the replaced rows instead of rewriting their
 files costs a fraction (decision 0013)."""
+SCANNED_COMMITS = 16
+"""A range of up to this many commits is looked at commit by commit for a change of
+columns (a log file each); a longer one has its columns at both ends read instead."""
 GLOBAL_TEMP = "spark.sql.globalTempDatabase"
 """Where Spark keeps views every session of the application sees."""
 _OP = "__jv_op"
@@ -278,32 +281,31 @@ class JoinViewConsumer(Consumer):
         """A column the view reads whose type changed within a table's range
         ``(start, end]`` (by alias), or "". Spark compares two columns of different
         types at a type it picks from both, so a type widened in place can change
-        which rows join, and what an expression gives, with no row changed. Only a
-        range with a metadata commit is looked at (one log file per commit)."""
+        which rows join, and what an expression gives, with no row changed. A short
+        range is looked at only when one of its commits changed the table's metadata
+        (one log file per commit); a longer one has its columns at both ends read."""
         probe = DeltaLogProbe(self.context.spark)
         for alias, (start, end) in ranges.items():
             if end <= start:
                 continue
             source = next(s for s in self.view.query.sources if s.alias == alias)
             handle = self.context.locate(source.database, source.table)
-            location = handle.location()
-            if location and not probe.metadata_changed(location, start, end):
-                continue
-            try:
-                was, now = (
-                    {
-                        f.name.lower(): f.dataType
-                        for f in handle.load(handle.reader().option("versionAsOf", v)).schema
-                    }
-                    for v in (start, end)
-                )
-            except Exception as exc:  # the version is gone: nothing says what it held
-                first_line = str(exc).splitlines()[0][:200]
-                return (
-                    f"the columns of {source.name} at version {start} are unreadable: {first_line}"
-                )
+            if end - start <= SCANNED_COMMITS:
+                location = handle.location()
+                if location and not probe.metadata_changed(location, start, end):
+                    continue
+            types: dict[int, dict[str, Any]] = {}
+            for version in (start, end):
+                try:
+                    schema = handle.load(handle.reader().option("versionAsOf", version)).schema
+                except Exception as exc:
+                    if not unreadable(exc):
+                        raise
+                    first_line = str(exc).splitlines()[0][:200]
+                    return f"{source.name} at version {version} is unreadable: {first_line}"
+                types[version] = {f.name.lower(): f.dataType for f in schema}
             reads = _unique([*self.view.query.reads(alias), *self.view.keys[alias]])
-            changed = [c for c in reads if was.get(c.lower()) != now.get(c.lower())]
+            changed = [c for c in reads if types[start].get(c.lower()) != types[end].get(c.lower())]
             if changed:
                 return f"{source.name} column(s) {changed} changed type after version {start}"
         return ""
