@@ -333,22 +333,35 @@ def test_keys_joined_across_types_keep_every_row_they_meet(
     check((1, "eins"), (1, "un"), (2, "two"))
 
 
+def widening(
+    spark: SparkSession, tmp_path: Path, orders: tuple[str, str], codes: tuple[str, str]
+) -> tuple[HandDriven, str, str]:
+    """``coded`` LEFT JOIN over orders and codes of the given code and key types and
+    rows, the codes' types widenable in place; with the two tables' paths."""
+    warehouse = str(tmp_path / "warehouse")
+    paths = f"{warehouse}/j/orders", f"{warehouse}/j/codes"
+    cdf_table(spark, paths[0], f"id INT, code {orders[0]}")
+    cdf_table(spark, paths[1], f"id {codes[0]}, label STRING")
+    spark.sql(
+        f"ALTER TABLE delta.`{paths[1]}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    )
+    spark.sql(f"INSERT INTO delta.`{paths[0]}` VALUES {orders[1]}")
+    spark.sql(f"INSERT INTO delta.`{paths[1]}` VALUES {codes[1]}")
+    return coded(spark, warehouse, "LEFT JOIN"), *paths
+
+
 def test_a_joined_key_widened_under_the_job_keeps_the_view_exact(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """A dimension's key widened in place (Delta's type widening, INT to BIGINT), then
     changed: the view comes out as the query says, read across the widening or
     recomputed whole where Delta refuses the change feed across it."""
-    warehouse = str(tmp_path / "warehouse")
-    orders, codes = f"{warehouse}/j/orders", f"{warehouse}/j/codes"
-    cdf_table(spark, orders, "id INT, code BIGINT")
-    cdf_table(spark, codes, "id INT, label STRING")
-    spark.sql(
-        f"ALTER TABLE delta.`{codes}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    driver, orders, codes = widening(
+        spark,
+        tmp_path,
+        ("BIGINT", "(1, 1), (2, 2), (3, 3000000000)"),
+        ("INT", "(1, 'one'), (2, 'two')"),
     )
-    spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 1), (2, 2), (3, 3000000000)")
-    spark.sql(f"INSERT INTO delta.`{codes}` VALUES (1, 'one'), (2, 'two')")
-    driver = coded(spark, warehouse, "LEFT JOIN")
 
     def check(*rows: tuple[int, str | None]) -> None:
         assert labels(driver) == sorted(rows, key=str)
@@ -370,16 +383,12 @@ def test_a_key_compared_across_types_widened_under_the_job_keeps_the_view_exact(
     is compared as DOUBLE and no longer does. No row of either table changes, so the
     change feeds say nothing: the view is recomputed because a column it reads changed
     type."""
-    warehouse = str(tmp_path / "warehouse")
-    orders, codes = f"{warehouse}/j/orders", f"{warehouse}/j/codes"
-    cdf_table(spark, orders, "id INT, code INT")
-    cdf_table(spark, codes, "id FLOAT, label STRING")
-    spark.sql(
-        f"ALTER TABLE delta.`{codes}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    driver, orders, codes = widening(
+        spark,
+        tmp_path,
+        ("INT", "(1, 16777216), (2, 16777217)"),
+        ("FLOAT", "(CAST(16777216 AS FLOAT), 'big')"),
     )
-    spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 16777216), (2, 16777217)")
-    spark.sql(f"INSERT INTO delta.`{codes}` VALUES (CAST(16777216 AS FLOAT), 'big')")
-    driver = coded(spark, warehouse, "LEFT JOIN")
     with session_confs(spark, {"spark.sql.ansi.enabled": "false"}):
         driver.snapshot(latest_version(spark, orders))
         assert labels(driver) == [(1, "big"), (2, "big")]
