@@ -3,6 +3,7 @@ reads a job the table holds twice."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
@@ -45,3 +46,11 @@ def test_a_job_held_twice_is_read_once_as_its_latest_row() -> None:
     assert one_row_per_job([older, other]) == ([older, other], 0)
     assert one_row_per_job([later, older, other]) == ([later, other], 1)
     assert one_row_per_job([older, newer, later]) == ([newer], 2)
+
+
+def test_a_row_of_partition_zero_is_later_than_one_of_a_partition_written_before() -> None:
+    key = JobKey(0, "db", "t", "a")
+    before = replace(job_row(key, 1, watermark=3, at=T0, log_offset=500), log_partition=2)
+    now = job_row(key, 1, watermark=None, at=T0, log_offset=10)
+    assert one_row_per_job([before, now]) == ([now], 1)
+    assert one_row_per_job([now, before]) == ([now], 1)

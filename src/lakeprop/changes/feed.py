@@ -30,11 +30,13 @@ UNREADABLE_RANGE = (
     "DELTA_VERSIONS_NOT_CONTIGUOUS",
     "DELTA_FILE_NOT_FOUND",
     "VersionNotFoundException",
+    "DELTA_VERSION_NOT_FOUND",
     "FileNotFoundException",
     "change data was not recorded",
     "not enabled for change data feed",
 )
-"""Delta's refusals to read a range whose change data is gone: resync from a snapshot."""
+"""Delta's refusals to read a range whose change data, or whose first version, is
+gone: resync from a snapshot."""
 
 
 def unreadable(exc: BaseException) -> bool:

@@ -373,7 +373,8 @@ class JobCatalog:
     def durable_rows(self, wanted: Callable[[CatalogRow], bool]) -> list[CatalogRow]:
         """The rows ``wanted`` picks, as the table holds them now (another instance
         may have written them since :meth:`load`)."""
-        return [r for r in self.table.read() if wanted(r)]
+        rows, _ = one_row_per_job(self.table.read())
+        return [r for r in rows if wanted(r)]
 
     def adopt(
         self,

@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from lakeprop.changelog import LogRecord
+from lakeprop.changelog import JOB_PARTITION, LogRecord
 from lakeprop.pipeline.graph import Node
 from lakeprop.spec import JobKey, JobRef, JobSpec
 from lakeprop.state.schema import Int32, row_tuple, spark_schema
@@ -89,15 +89,23 @@ CATALOG_SCHEMA = spark_schema(CatalogRow)
 def one_row_per_job(rows: Sequence[CatalogRow]) -> tuple[list[CatalogRow], int]:
     """``rows`` with one row per job, and how many were left out. A catalog holds one
     row per job; should a write have gone in twice (an append whose commit was
-    retried, a stale instance's write), the row of the latest change log message
-    stays, then the one with the later watermark."""
+    retried, a stale instance's write), the later row stays (:func:`later`)."""
     kept: dict[JobRef, CatalogRow] = {}
     for row in rows:
         other = kept.get(row.row_id)
-        if other is None or _recency(row) > _recency(other):
+        if other is None or later(row, other):
             kept[row.row_id] = row
     return list(kept.values()), len(rows) - len(kept)
 
 
-def _recency(row: CatalogRow) -> tuple[int, int, int]:
-    return (row.log_partition, row.log_offset, -1 if row.watermark is None else row.watermark)
+def later(row: CatalogRow, other: CatalogRow) -> bool:
+    """Whether ``row`` is a later state of its job than ``other``: written by a later
+    message of the change log (job messages go to partition 0, so a row of partition
+    0 is later than one of a partition written before), else further along."""
+    if row.log_partition != other.log_partition:
+        return row.log_partition == JOB_PARTITION
+    if row.log_offset != other.log_offset:
+        return row.log_offset > other.log_offset
+    return (-1 if row.watermark is None else row.watermark) > (
+        -1 if other.watermark is None else other.watermark
+    )
