@@ -160,12 +160,14 @@ class JobCatalog:
         content = {**held, **changed}
         for row in gone:
             del content[row.row_id]
-        replaced = sum(1 for rid in changed if rid in held) + len(gone)
-        kind = write_kind(len(held), replaced, self.merge_from)
         if not changed and not gone:
             return content
-        if self._rewrite:
-            kind = WriteKind.OVERWRITE
+        replaced = sum(1 for rid in changed if rid in held) + len(gone)
+        kind = (
+            WriteKind.OVERWRITE
+            if self._rewrite
+            else write_kind(len(held), replaced, self.merge_from)
+        )
         if kind is WriteKind.APPEND:
             self.table.append(changed.values())
         elif kind is WriteKind.MERGE:
